@@ -1,0 +1,105 @@
+"""The checkpoint plan calculator (Flink's DefaultCheckpointPlanCalculator, carried over).
+
+Given the graph and every stage's live progress, decide which stages a new checkpoint triggers,
+which must acknowledge it, and how the others are recorded: fully finished stages as a flag,
+stages that have not started as NOT_STARTED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from airflow_finalckpt.core.errors import InvalidGraphError
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import StageLifecycle, StageProgress, StageStatus
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What a checkpoint covers.
+
+    ``to_trigger`` are the running stages whose upstream stages have all finished (the new
+    "sources" of FLIP-147); ``to_ack`` are all running stages: each answers at its next split
+    batch boundary. ``statuses`` is the status each stage would have if nothing changed until
+    the checkpoint completes; acknowledgements refine RUNNING into PARTIALLY_FINISHED.
+    """
+
+    to_trigger: tuple[str, ...]
+    to_ack: tuple[str, ...]
+    fully_finished: tuple[str, ...]
+    not_started: tuple[str, ...]
+    partially_finished: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    statuses: Mapping[str, StageStatus] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "to_trigger": list(self.to_trigger),
+            "to_ack": list(self.to_ack),
+            "fully_finished": list(self.fully_finished),
+            "not_started": list(self.not_started),
+            "partially_finished": {k: sorted(v) for k, v in self.partially_finished.items()},
+            "statuses": {k: str(v) for k, v in self.statuses.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> CheckpointPlan:
+        partial = data.get("partially_finished") or {}
+        statuses = data.get("statuses") or {}
+        assert isinstance(partial, dict) and isinstance(statuses, dict)
+        return cls(
+            to_trigger=tuple(data["to_trigger"]),  # type: ignore[arg-type]
+            to_ack=tuple(data["to_ack"]),  # type: ignore[arg-type]
+            fully_finished=tuple(data["fully_finished"]),  # type: ignore[arg-type]
+            not_started=tuple(data["not_started"]),  # type: ignore[arg-type]
+            partially_finished={k: frozenset(v) for k, v in partial.items()},
+            statuses={k: StageStatus(v) for k, v in statuses.items()},
+        )
+
+
+def checkpoint_status(progress: StageProgress) -> StageStatus:
+    """The status a stage's live progress maps to in a checkpoint."""
+    if progress.lifecycle.is_finished:
+        return StageStatus.FULLY_FINISHED
+    if progress.lifecycle is StageLifecycle.NOT_STARTED and not progress.finished_splits:
+        return StageStatus.NOT_STARTED
+    if progress.finished_splits:
+        return StageStatus.PARTIALLY_FINISHED
+    return StageStatus.RUNNING
+
+
+def calculate_plan(graph: StageGraph, progress: Mapping[str, StageProgress]) -> CheckpointPlan:
+    """Compute the plan of a checkpoint triggered now.
+
+    A stage missing from ``progress`` has not started. RUNNING and SUSPENDED stages must
+    acknowledge; a NOT_STARTED stage that restored finished splits is recorded with them
+    (it has state, but no live attempt to ask).
+    """
+    unknown = set(progress) - set(graph.stages)
+    if unknown:
+        raise InvalidGraphError(f"progress reported for unknown stages: {sorted(unknown)}")
+    default = StageProgress(lifecycle=StageLifecycle.NOT_STARTED)
+    live = {sid: progress.get(sid, default) for sid in graph.stage_ids}
+
+    def running(sid: str) -> bool:
+        return live[sid].lifecycle in (StageLifecycle.RUNNING, StageLifecycle.SUSPENDED)
+
+    to_ack = [sid for sid in graph.topological_order() if running(sid)]
+    to_trigger = [
+        sid
+        for sid in to_ack
+        if all(live[up].lifecycle.is_finished for up in graph.upstream(sid))
+    ]
+    statuses = {sid: checkpoint_status(p) for sid, p in live.items()}
+    return CheckpointPlan(
+        to_trigger=tuple(to_trigger),
+        to_ack=tuple(to_ack),
+        fully_finished=tuple(s for s, st in statuses.items() if st is StageStatus.FULLY_FINISHED),
+        not_started=tuple(s for s, st in statuses.items() if st is StageStatus.NOT_STARTED),
+        partially_finished={
+            s: live[s].finished_splits
+            for s, st in statuses.items()
+            if st is StageStatus.PARTIALLY_FINISHED
+        },
+        statuses=statuses,
+    )

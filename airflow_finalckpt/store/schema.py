@@ -1,0 +1,128 @@
+"""Tables of the coordination store.
+
+Every table is prefixed ``finalckpt_`` so the store can share a database with Airflow without
+ever touching Airflow's tables. The Alembic migrations in ``store/migrations`` must create exactly
+this schema (a test compares them).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKeyConstraint,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+KEY = String(250)
+
+pipelines = Table(
+    "finalckpt_pipelines",
+    metadata,
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("graph", JSON, nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    Column("next_checkpoint_id", BigInteger, nullable=False, default=1),
+    Column("retain_checkpoints", Integer, nullable=False, default=3),
+    Column("checkpoint_timeout_s", Float, nullable=False, default=600.0),
+    Column("restored_from", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+stages = Table(
+    "finalckpt_stages",
+    metadata,
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("stage_id", KEY, primary_key=True),
+    Column("lifecycle", String(20), nullable=False),
+    Column("epoch", BigInteger, nullable=False, default=0),
+    Column("total_splits", Integer, nullable=True),
+    Column("finished_splits", JSON, nullable=False),
+    Column("finish_threshold", BigInteger, nullable=True),
+    Column("final_snapshot", JSON, nullable=True),
+    Column("closed_checkpoint_id", BigInteger, nullable=True),
+    Column("updated_at", Float, nullable=False),
+    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+)
+
+checkpoints = Table(
+    "finalckpt_checkpoints",
+    metadata,
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("checkpoint_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("kind", String(20), nullable=False),
+    Column("reason", String(20), nullable=False),
+    Column("state", String(20), nullable=False, index=True),
+    Column("plan", JSON, nullable=False),
+    Column("acks_pending", Integer, nullable=False),
+    Column("triggered_at", Float, nullable=False),
+    Column("completed_at", Float, nullable=True),
+    Column("failure_reason", Text, nullable=True),
+    Column("metadata_path", Text, nullable=True),
+    Column("size_bytes", BigInteger, nullable=True),
+    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+)
+
+acks = Table(
+    "finalckpt_acks",
+    metadata,
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("checkpoint_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("stage_id", KEY, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("by_finish", Boolean, nullable=False, default=False),
+    Column("snapshot", JSON, nullable=False),
+    Column("acked_at", Float, nullable=False),
+    ForeignKeyConstraint(
+        ["pipeline_key", "checkpoint_id"],
+        ["finalckpt_checkpoints.pipeline_key", "finalckpt_checkpoints.checkpoint_id"],
+        ondelete="CASCADE",
+    ),
+)
+
+transactions = Table(
+    "finalckpt_transactions",
+    metadata,
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("stage_id", KEY, primary_key=True),
+    Column("sink_id", KEY, primary_key=True),
+    Column("txn_id", KEY, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("checkpoint_id", BigInteger, nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+)
+
+stop_requests = Table(
+    "finalckpt_stop_requests",
+    metadata,
+    Column("request_id", Integer, primary_key=True, autoincrement=True),
+    Column("pipeline_key", KEY, nullable=False, index=True),
+    Column("mode", String(20), nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("savepoint_id", BigInteger, nullable=True),
+    Column("requested_by", String(250), nullable=True),
+    Column("requested_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("failure_reason", Text, nullable=True),
+    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+)
