@@ -89,3 +89,11 @@ class StopRequestError(CoordinationError):
 
 class ConfigurationError(FinalCheckpointError):
     """The store URL or checkpoint storage configuration is missing or malformed."""
+
+
+class ForeignCheckpointError(FinalCheckpointError):
+    """The checkpoint or savepoint belongs to another pipeline."""
+
+
+class DrainedSavepointError(FinalCheckpointError):
+    """A drained savepoint cannot be resumed or restored: its windows already fired."""

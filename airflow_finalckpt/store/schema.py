@@ -31,6 +31,7 @@ metadata = MetaData(
 )
 
 KEY = String(250)
+PIPELINE_FK = "finalckpt_pipelines.pipeline_key"
 
 pipelines = Table(
     "finalckpt_pipelines",
@@ -54,12 +55,14 @@ stages = Table(
     Column("lifecycle", String(20), nullable=False),
     Column("epoch", BigInteger, nullable=False, default=0),
     Column("total_splits", Integer, nullable=True),
-    Column("finished_splits", JSON, nullable=False),
+    # Durable progress (a StageSnapshot as JSON): finished splits, state handles, watermark.
+    # Written after every split batch, so a new attempt redoes at most the in-flight batch.
+    Column("progress", JSON, nullable=False),
     Column("finish_threshold", BigInteger, nullable=True),
     Column("final_snapshot", JSON, nullable=True),
     Column("closed_checkpoint_id", BigInteger, nullable=True),
     Column("updated_at", Float, nullable=False),
-    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+    ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
 
 checkpoints = Table(
@@ -77,7 +80,7 @@ checkpoints = Table(
     Column("failure_reason", Text, nullable=True),
     Column("metadata_path", Text, nullable=True),
     Column("size_bytes", BigInteger, nullable=True),
-    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+    ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
 
 acks = Table(
@@ -105,11 +108,12 @@ transactions = Table(
     Column("sink_id", KEY, primary_key=True),
     Column("txn_id", KEY, primary_key=True),
     Column("epoch", BigInteger, nullable=False),
-    Column("checkpoint_id", BigInteger, nullable=False),
+    # The first checkpoint that covers this pre-committed transaction (NULL until one does).
+    Column("checkpoint_id", BigInteger, nullable=True),
     Column("state", String(20), nullable=False),
     Column("payload", JSON, nullable=False),
     Column("updated_at", Float, nullable=False),
-    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+    ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
 
 stop_requests = Table(
@@ -124,5 +128,5 @@ stop_requests = Table(
     Column("requested_at", Float, nullable=False),
     Column("finished_at", Float, nullable=True),
     Column("failure_reason", Text, nullable=True),
-    ForeignKeyConstraint(["pipeline_key"], ["finalckpt_pipelines.pipeline_key"], ondelete="CASCADE"),
+    ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
