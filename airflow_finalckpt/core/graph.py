@@ -17,7 +17,7 @@ from typing import Any
 from airflow_finalckpt.core.errors import InvalidGraphError
 
 #: Stage ids end up in file paths and URLs: keep them to Airflow's task-id alphabet.
-STAGE_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}$")
+STAGE_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}\Z")
 
 
 @dataclass(frozen=True)
@@ -36,20 +36,29 @@ class StageGraph:
     """An immutable, validated DAG of stages."""
 
     stages: Mapping[str, Stage]
-    _downstream: Mapping[str, tuple[str, ...]] = field(repr=False, compare=False, default_factory=dict)
+    _downstream: Mapping[str, tuple[str, ...]] = field(
+        repr=False, compare=False, default_factory=dict
+    )
 
     @classmethod
     def build(cls, stages: Iterable[Stage]) -> StageGraph:
         """Validate and build a graph; raises InvalidGraphError naming the problem."""
         by_id: dict[str, Stage] = {}
         for stage in stages:
-            if not STAGE_ID_PATTERN.match(stage.stage_id):
+            if not isinstance(stage.stage_id, str) or not STAGE_ID_PATTERN.match(stage.stage_id):
                 raise InvalidGraphError(
                     f"invalid stage id {stage.stage_id!r}: use 1-250 characters of letters, "
                     "digits, '_', '.' and '-', not starting with '.' or '-'"
                 )
             if stage.stage_id in by_id:
                 raise InvalidGraphError(f"duplicate stage id {stage.stage_id!r}")
+            if stage.task_id is not None and not (
+                isinstance(stage.task_id, str) and STAGE_ID_PATTERN.match(stage.task_id)
+            ):
+                raise InvalidGraphError(
+                    f"stage {stage.stage_id!r} has an invalid task id {stage.task_id!r}: use "
+                    "1-250 characters of letters, digits, '_', '.' and '-'"
+                )
             if len(set(stage.upstream)) != len(stage.upstream):
                 raise InvalidGraphError(f"stage {stage.stage_id!r} lists an upstream stage twice")
             by_id[stage.stage_id] = stage
@@ -168,15 +177,8 @@ class StageGraph:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StageGraph:
         try:
-            stages = [
-                Stage(
-                    stage_id=str(s["stage_id"]),
-                    upstream=tuple(str(u) for u in s.get("upstream", ())),
-                    task_id=s.get("task_id"),
-                )
-                for s in data["stages"]
-            ]
-        except (KeyError, TypeError) as exc:
+            stages = [_stage_from_dict(s) for s in data["stages"]]
+        except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidGraphError(f"malformed graph description: {exc!r}") from exc
         return cls.build(stages)
 
@@ -186,3 +188,15 @@ class StageGraph:
         shape = [[sid, sorted(s.upstream)] for sid, s in self.stages.items()]
         blob = json.dumps(shape, separators=(",", ":"), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+def _stage_from_dict(data: Mapping[str, Any]) -> Stage:
+    """One stage of ``StageGraph.to_dict`` output, refusing anything that is not that shape."""
+    stage_id, upstream, task_id = data["stage_id"], data.get("upstream", []), data.get("task_id")
+    if not isinstance(stage_id, str):
+        raise TypeError(f"stage_id must be a string, got {stage_id!r}")
+    if not isinstance(upstream, list | tuple) or not all(isinstance(u, str) for u in upstream):
+        raise TypeError(f"upstream of {stage_id!r} must be a list of stage ids, got {upstream!r}")
+    if task_id is not None and not isinstance(task_id, str):
+        raise TypeError(f"task_id of {stage_id!r} must be a string or null, got {task_id!r}")
+    return Stage(stage_id=stage_id, upstream=tuple(upstream), task_id=task_id)

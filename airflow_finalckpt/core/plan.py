@@ -86,9 +86,7 @@ def calculate_plan(graph: StageGraph, progress: Mapping[str, StageProgress]) -> 
 
     to_ack = [sid for sid in graph.topological_order() if running(sid)]
     to_trigger = [
-        sid
-        for sid in to_ack
-        if all(live[up].lifecycle.is_finished for up in graph.upstream(sid))
+        sid for sid in to_ack if all(live[up].lifecycle.is_finished for up in graph.upstream(sid))
     ]
     statuses = {sid: checkpoint_status(p) for sid, p in live.items()}
     return CheckpointPlan(

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import NullPool, StaticPool
 
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
@@ -21,7 +21,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine with the pragmas / pool settings the coordinator relies on."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        kwargs.setdefault("poolclass", NullPool)
+        # A file database gets a fresh connection per transition (cheap, and no connection
+        # outlives a fork); an in-memory one must keep its single connection or lose its data.
+        in_memory = parsed.database in (None, "", ":memory:")
+        kwargs.setdefault("poolclass", StaticPool if in_memory else NullPool)
         connect_args = kwargs.setdefault("connect_args", {})
         connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
         engine = create_engine(parsed, **kwargs)

@@ -1,0 +1,1 @@
+"""The ``finalckpt`` command line (entry point ``airflow_finalckpt.cli.main:main``)."""

@@ -1,0 +1,460 @@
+"""Settings of airflow-finalckpt and where each one comes from.
+
+Every setting is resolved on its own, first source wins:
+
+1. an explicit override (``load_settings(overrides)``, CLI options);
+2. env ``AIRFLOW__FINALCKPT__<NAME>`` (Airflow's convention for section ``[finalckpt]``);
+3. for ``store_url`` only: the Airflow connection ``finalckpt_default``, read from env
+   ``AIRFLOW_CONN_FINALCKPT_DEFAULT`` (URI or JSON form);
+4. the ``[finalckpt]`` section of airflow.cfg, when Airflow is importable;
+5. a default under ``AIRFLOW_HOME`` (SQLite store, local checkpoint directory).
+
+This module must work without Airflow installed: Airflow is imported lazily, only when a setting
+is still unresolved after steps 1-3, and any failure to import it is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from airflow_finalckpt.core.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+SECTION = "finalckpt"
+CONNECTION_ID = "finalckpt_default"
+CONNECTION_ENV = "AIRFLOW_CONN_FINALCKPT_DEFAULT"
+MASK = "***"
+
+SOURCE_OVERRIDE = "override"
+SOURCE_CONNECTION = f"connection {CONNECTION_ID} (env {CONNECTION_ENV})"
+SOURCE_DEFAULT = "default"
+
+#: Connection extras that are libpq connection parameters, so they may go into the URL query.
+#: Other Airflow extras (``cursor``, ``iam``...) would make psycopg refuse to connect.
+LIBPQ_QUERY_PARAMS = frozenset(
+    {
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslrootcert",
+        "sslcrl",
+        "connect_timeout",
+        "application_name",
+        "options",
+        "target_session_attrs",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+    }
+)
+
+_SECRET_OPTION_MARKERS = ("secret", "password", "passwd", "token", "key", "credential")
+
+
+def env_var_name(name: str) -> str:
+    """The env variable Airflow would map to ``[finalckpt] <name>``."""
+    return f"AIRFLOW__{SECTION.upper()}__{name.upper()}"
+
+
+def airflow_home() -> str:
+    """``AIRFLOW_HOME`` as Airflow resolves it (default ``~/airflow``)."""
+    return os.path.expanduser(os.environ.get("AIRFLOW_HOME") or "~/airflow")
+
+
+@dataclass(frozen=True, repr=False)
+class FinalCkptSettings:
+    """Resolved settings. ``sources`` tells, per setting, where its value came from."""
+
+    store_url: str
+    storage_uri: str
+    storage_options: dict[str, Any]
+    checkpoint_interval_s: float = 60
+    checkpoint_timeout_s: float = 600
+    retain_checkpoints: int = 3
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def masked_store_url(self) -> str:
+        return mask_url(self.store_url)
+
+    def describe(self) -> str:
+        """One line per setting, passwords and secret storage options masked: safe for logs."""
+        values = {
+            "store_url": self.masked_store_url(),
+            "storage_uri": mask_url(self.storage_uri),
+            "storage_options": json.dumps(mask_storage_options(self.storage_options), default=repr),
+            "checkpoint_interval_s": repr(self.checkpoint_interval_s),
+            "checkpoint_timeout_s": repr(self.checkpoint_timeout_s),
+            "retain_checkpoints": repr(self.retain_checkpoints),
+        }
+        return "\n".join(
+            f"{name} = {value} ({self.sources.get(name, 'unknown source')})"
+            for name, value in values.items()
+        )
+
+    def __repr__(self) -> str:
+        # The generated repr would print the store password into every log line that shows us.
+        return f"FinalCkptSettings({self.describe().replace(chr(10), '; ')})"
+
+
+# --------------------------------------------------------------------------- masking
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``; works for SQLAlchemy and fsspec URLs."""
+    if "://" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:
+        return _mask_generic_url(url)
+    if parsed.password is None:
+        return url
+    return parsed.render_as_string(hide_password=True)
+
+
+def _mask_generic_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    userinfo, at, hostinfo = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{hostinfo}"))
+
+
+def mask_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy of fsspec storage options with credential-looking values masked (recursively)."""
+    masked: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, Mapping):
+            masked[key] = mask_storage_options(value)
+        elif any(marker in str(key).lower() for marker in _SECRET_OPTION_MARKERS):
+            masked[key] = MASK
+        else:
+            masked[key] = value
+    return masked
+
+
+# --------------------------------------------------------------------------- parsers
+# Each parser takes a raw value (string from env/cfg, or a typed override) and returns the typed
+# value or raises ValueError with a message that does not repeat secrets.
+
+
+def parse_store_url(raw: Any) -> str:
+    """Validate a SQLAlchemy URL for the coordination store and pin the psycopg 3 driver."""
+    from sqlalchemy.engine import URL, make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if isinstance(raw, URL):
+        raw = raw.render_as_string(hide_password=False)
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError("must be a non-empty SQLAlchemy URL")
+    try:
+        url = make_url(raw.strip())
+    except (ArgumentError, ValueError) as exc:
+        raise ValueError(f"not a SQLAlchemy URL ({mask_url(raw)!r})") from exc
+    # Split by hand: URL.get_backend_name() would try to load an unknown dialect and fail.
+    backend, _, driver = url.drivername.partition("+")
+    if backend in ("postgresql", "postgres"):
+        if url.drivername not in ("postgresql", "postgres", "postgresql+psycopg"):
+            raise ValueError(
+                f"unsupported driver {url.drivername!r}; use postgresql+psycopg:// (psycopg 3)"
+            )
+        url = url.set(drivername="postgresql+psycopg")
+        if not url.database:
+            raise ValueError("PostgreSQL URL names no database")
+    elif backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise ValueError(f"unsupported driver {url.drivername!r}; use sqlite:///")
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file:"):
+            raise ValueError(
+                "an in-memory SQLite database cannot coordinate several processes; "
+                "use a file: sqlite:////absolute/path.db"
+            )
+        if not os.path.isabs(os.path.expanduser(database)):
+            raise ValueError(
+                f"SQLite path {database!r} is relative: every worker must open the same file, "
+                "use sqlite:////absolute/path.db"
+            )
+        url = url.set(database=os.path.expanduser(database))
+    else:
+        raise ValueError(
+            f"unsupported database {url.drivername!r}; use postgresql+psycopg:// or sqlite:///"
+        )
+    return url.render_as_string(hide_password=False)
+
+
+def parse_storage_uri(raw: Any) -> str:
+    """Validate checkpoint storage: an fsspec URI or an absolute local path."""
+    import fsspec
+    from fsspec.core import split_protocol
+
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError("must be a non-empty fsspec URI or absolute path")
+    uri = raw.strip()
+    protocol, path = split_protocol(uri)
+    if protocol is None:
+        path = os.path.expanduser(uri)
+        if not os.path.isabs(path):
+            raise ValueError(
+                f"local path {uri!r} is relative: every worker must see the same directory, "
+                "use an absolute path or a URI such as s3a://bucket/prefix"
+            )
+        return path
+    if protocol not in fsspec.available_protocols():
+        raise ValueError(f"unknown storage protocol {protocol!r} in {mask_url(uri)!r}")
+    if protocol in ("file", "local") and not os.path.isabs(path):
+        raise ValueError(f"local path {path!r} is relative; use an absolute path")
+    return uri
+
+
+def parse_storage_options(raw: Any) -> dict[str, Any]:
+    """fsspec storage options: a mapping, or a JSON object when given as text."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if not isinstance(raw, str):
+        raise ValueError("must be a JSON object")
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def parse_positive_seconds(raw: Any) -> float:
+    """A finite duration in seconds, > 0."""
+    if isinstance(raw, bool):
+        raise ValueError("must be a number of seconds, not a boolean")
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be a number of seconds, got {raw!r}") from exc
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a positive, finite number of seconds, got {raw!r}")
+    return value
+
+
+def parse_retain_count(raw: Any) -> int:
+    """How many complete checkpoints to keep: a whole number >= 1 (restore needs one)."""
+    if isinstance(raw, bool):
+        raise ValueError("must be an integer >= 1, not a boolean")
+    if isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, str):
+        try:
+            value = int(raw.strip())
+        except ValueError as exc:
+            raise ValueError(f"must be an integer >= 1, got {raw!r}") from exc
+    else:
+        raise ValueError(f"must be an integer >= 1, got {raw!r}")
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {raw!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- connection
+
+
+def store_url_from_connection(raw: str) -> str:
+    """Turn an Airflow connection (URI or JSON form) into a SQLAlchemy URL string."""
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            conn = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"JSON connection is not valid JSON ({exc.msg})") from exc
+        if not isinstance(conn, dict):
+            raise ValueError("JSON connection must be an object")
+        return _url_from_json_connection(conn)
+    return _url_from_uri_connection(text)
+
+
+def _normalize_conn_type(conn_type: Any) -> str:
+    kind = str(conn_type or "").strip().lower().replace("-", "_")
+    if kind in ("postgres", "postgresql", "postgresql+psycopg"):
+        return "postgresql"
+    if kind == "sqlite":
+        return "sqlite"
+    raise ValueError(
+        f"connection type {conn_type!r} cannot hold the coordination store; use postgres or sqlite"
+    )
+
+
+def _libpq_query(extra: Any) -> dict[str, str]:
+    if isinstance(extra, str):
+        if not extra.strip():
+            return {}
+        try:
+            extra = json.loads(extra)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"connection extra is not valid JSON ({exc.msg})") from exc
+    if not extra:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise ValueError("connection extra must be a JSON object")
+    return {str(k): str(v) for k, v in extra.items() if k in LIBPQ_QUERY_PARAMS}
+
+
+def _url_from_json_connection(conn: Mapping[str, Any]) -> str:
+    from sqlalchemy.engine import URL
+
+    kind = _normalize_conn_type(conn.get("conn_type"))
+    if kind == "sqlite":
+        # Airflow's SqliteHook keeps the file path in ``host``.
+        path = conn.get("host") or conn.get("schema")
+        if not path:
+            raise ValueError("sqlite connection names no database file (set host)")
+        return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+    port = conn.get("port")
+    try:
+        port_number = int(port) if port not in (None, "") else None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"connection port {port!r} is not a number") from exc
+    url = URL.create(
+        "postgresql+psycopg",
+        username=conn.get("login") or None,
+        password=conn.get("password") or None,
+        host=conn.get("host") or None,
+        port=port_number,
+        database=conn.get("schema") or None,
+        query=_libpq_query(conn.get("extra")),
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def _url_from_uri_connection(text: str) -> str:
+    from sqlalchemy.engine import URL, make_url
+    from sqlalchemy.exc import ArgumentError
+
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        raise ValueError("connection is neither a URI nor a JSON object")
+    kind = _normalize_conn_type(scheme)
+    try:
+        url = make_url(("postgresql+psycopg" if kind == "postgresql" else "sqlite") + "://" + rest)
+    except (ArgumentError, ValueError) as exc:
+        raise ValueError("connection URI cannot be parsed") from exc
+    if kind == "postgresql":
+        query: dict[str, Any] = dict(url.query)
+        extra = query.pop("__extra__", None)
+        filtered = _libpq_query(extra) if extra else {}
+        filtered.update({k: v for k, v in query.items() if k in LIBPQ_QUERY_PARAMS})
+        url = url.set(query=filtered)
+    elif url.host:
+        # Airflow renders a sqlite connection's file path as the URI host: sqlite://%2Fabs%2Fx.db
+        path = unquote(url.host) + (f"/{url.database}" if url.database else "")
+        url = URL.create("sqlite", database=path, query=url.query)
+    return url.render_as_string(hide_password=False)
+
+
+# --------------------------------------------------------------------------- airflow.cfg
+
+
+def _read_airflow_cfg(name: str) -> str | None:
+    """``[finalckpt] <name>`` from airflow.cfg, or None if unset or Airflow is unavailable."""
+    try:
+        from airflow.configuration import conf
+    except Exception as exc:  # Not installed, or a broken install/config: not our business.
+        log.debug("airflow.cfg not consulted for finalckpt settings: %s", exc)
+        return None
+    try:
+        value = conf.get(SECTION, name, fallback=None)
+    except Exception as exc:
+        log.debug("airflow.cfg [%s] %s could not be read: %s", SECTION, name, exc)
+        return None
+    return None if value is None else str(value)
+
+
+# --------------------------------------------------------------------------- resolution
+
+Parser = Callable[[Any], Any]
+
+PARSERS: dict[str, Parser] = {
+    "store_url": parse_store_url,
+    "storage_uri": parse_storage_uri,
+    "storage_options": parse_storage_options,
+    "checkpoint_interval_s": parse_positive_seconds,
+    "checkpoint_timeout_s": parse_positive_seconds,
+    "retain_checkpoints": parse_retain_count,
+}
+
+
+def _default(name: str) -> Any:
+    home = airflow_home()
+    defaults: dict[str, Any] = {
+        "store_url": "sqlite:///" + os.path.join(home, "finalckpt", "coordination.db"),
+        "storage_uri": os.path.join(home, "finalckpt", "checkpoints"),
+        "storage_options": {},
+        "checkpoint_interval_s": 60.0,
+        "checkpoint_timeout_s": 600.0,
+        "retain_checkpoints": 3,
+    }
+    return defaults[name]
+
+
+def _candidates(name: str, overrides: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Yield (source, raw value) pairs for one setting, highest priority first, lazily."""
+    if overrides.get(name) is not None:
+        yield SOURCE_OVERRIDE, overrides[name]
+    env_name = env_var_name(name)
+    if os.environ.get(env_name, "").strip():
+        yield f"env {env_name}", os.environ[env_name]
+    if name == "store_url" and os.environ.get(CONNECTION_ENV, "").strip():
+        yield SOURCE_CONNECTION, os.environ[CONNECTION_ENV]
+    cfg_value = _read_airflow_cfg(name)
+    if cfg_value is not None and cfg_value.strip():
+        yield f"airflow.cfg [{SECTION}] {name}", cfg_value
+    yield SOURCE_DEFAULT, _default(name)
+
+
+def resolve_setting(name: str, overrides: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """Resolve one setting: returns (value, source). Raises ConfigurationError on a bad value.
+
+    Only the first source that has a value is parsed: a bad value in a lower-priority source
+    that is shadowed does not matter, and Airflow is not imported if an earlier source answers.
+    """
+    if name not in PARSERS:
+        raise ConfigurationError(f"unknown finalckpt setting {name!r}; known: {sorted(PARSERS)}")
+    for source, raw in _candidates(name, overrides or {}):
+        try:
+            if source == SOURCE_CONNECTION:
+                raw = store_url_from_connection(raw)
+            return PARSERS[name](raw), source
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"invalid finalckpt setting {name} from {source}: {exc}"
+            ) from exc
+    raise AssertionError("unreachable: the default source always answers")
+
+
+def load_settings(overrides: Mapping[str, Any] | None = None) -> FinalCkptSettings:
+    """Resolve every setting (see the module docstring for the order)."""
+    overrides = overrides or {}
+    unknown = sorted(set(overrides) - set(PARSERS))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown finalckpt setting(s) {unknown} in overrides; known: {sorted(PARSERS)}"
+        )
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in PARSERS:
+        values[name], sources[name] = resolve_setting(name, overrides)
+    return FinalCkptSettings(**values, sources=sources)

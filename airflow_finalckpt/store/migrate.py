@@ -1,0 +1,193 @@
+"""Schema migrations of the coordination store, driven programmatically through Alembic.
+
+Alembic is configured in code (no alembic.ini) with ``script_location`` pointing at the package's
+``migrations`` directory, so this works from an installed wheel. The version table is
+``finalckpt_alembic_version``: the store can live in Airflow's own database without touching
+Airflow's ``alembic_version``.
+
+Concurrency: every migration runs inside one transaction that this module opens, and Alembic
+runs inside it (it sees an external transaction and does not begin/commit on its own):
+
+* SQLite: the engine from ``make_engine`` emits ``BEGIN IMMEDIATE`` when the transaction begins,
+  so the first process takes the write lock, the others wait (busy timeout) and then find the
+  schema at head. SQLite DDL is transactional, so a failed upgrade leaves nothing behind. For a
+  plain SQLite engine (not from ``make_engine``) we issue ``BEGIN IMMEDIATE`` ourselves.
+* PostgreSQL: ``pg_advisory_xact_lock`` at the start of the transaction serializes upgraders; it
+  is released by the commit. PostgreSQL DDL is transactional too.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, MetaData, Table, text
+from sqlalchemy.engine import URL, make_url
+
+from airflow_finalckpt.core.errors import ConfigurationError
+
+VERSION_TABLE = "finalckpt_alembic_version"
+TABLE_PREFIX = "finalckpt_"
+MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
+#: Key of the PostgreSQL advisory lock held while migrating ("finalckp" in ASCII, fits a bigint).
+ADVISORY_LOCK_KEY = int.from_bytes(b"finalckp", "big")
+DISTRIBUTION = "airflow-finalckpt"
+
+
+def package_version() -> str:
+    try:
+        return importlib_metadata.version(DISTRIBUTION)
+    except importlib_metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def include_store_object(name: str | None, type_: str, _parent_names: Any) -> bool:
+    """Alembic ``include_name`` hook: only our tables, so autogenerate ignores foreign ones."""
+    if type_ == "table":
+        return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
+    return True
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic config built in code, bound to ``connection`` for env.py."""
+    config = Config()
+    # ConfigParser interpolates '%': escape it in case the install path contains one.
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.set_main_option("path_separator", "os")
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+@functools.cache
+def _script_directory() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    """The newest revision this package ships."""
+    head = _script_directory().get_current_head()
+    if head is None:  # pragma: no cover - the package always ships at least one revision
+        raise ConfigurationError("airflow-finalckpt ships no schema migrations (broken install?)")
+    return head
+
+
+def known_revisions() -> frozenset[str]:
+    return frozenset(script.revision for script in _script_directory().walk_revisions())
+
+
+def _current_heads(connection: Connection) -> tuple[str, ...]:
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return tuple(context.get_current_heads())
+
+
+def _current_revision(connection: Connection) -> str | None:
+    heads = _current_heads(connection)
+    _require_known(heads)
+    if len(heads) > 1:
+        raise ConfigurationError(
+            f"coordination database has several schema heads {sorted(heads)} in "
+            f"{VERSION_TABLE}; it was migrated by something else than airflow-finalckpt"
+        )
+    return heads[0] if heads else None
+
+
+def _require_known(heads: tuple[str, ...]) -> None:
+    unknown = [head for head in heads if head not in known_revisions()]
+    if unknown:
+        raise ConfigurationError(
+            f"coordination database is at schema revision {', '.join(unknown)}, unknown to "
+            f"airflow-finalckpt {package_version()}; upgrade the package"
+        )
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The database's schema revision, None if it has none (empty database).
+
+    Raises ConfigurationError if the revision is unknown to this package.
+    """
+    with engine.connect() as connection:
+        return _current_revision(connection)
+
+
+def sqlite_database_path(url: str | URL) -> str | None:
+    """The file behind a SQLite URL, None for other databases and in-memory SQLite."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.drivername.partition("+")[0] != "sqlite":
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return database
+
+
+def _create_sqlite_directory(engine: Engine) -> None:
+    """SQLite creates the file but not its directory (the default lives in AIRFLOW_HOME)."""
+    path = sqlite_database_path(engine.url)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+
+@contextmanager
+def migration_transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction that excludes every other migrating process until it ends."""
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY}
+            )
+        elif connection.dialect.name == "sqlite":
+            _ensure_sqlite_write_lock(connection)
+        yield connection
+
+
+def _ensure_sqlite_write_lock(connection: Connection) -> None:
+    # make_engine's "begin" hook already ran BEGIN IMMEDIATE; a plain engine has not begun yet
+    # (pysqlite begins lazily, and never before DDL), so take the write lock explicitly.
+    dbapi_connection: Any = connection.connection.dbapi_connection
+    if not dbapi_connection.in_transaction:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the schema to ``revision``."""
+    _create_sqlite_directory(engine)
+    with migration_transaction(engine) as connection:
+        _current_revision(connection)
+        command.upgrade(alembic_config(connection), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Downgrade the schema to ``revision``.
+
+    "base" drops every finalckpt_ table, the version table included (Alembic would keep it
+    empty), so nothing of the store is left in a database shared with Airflow.
+    """
+    with migration_transaction(engine) as connection:
+        _current_revision(connection)
+        command.downgrade(alembic_config(connection), revision)
+        if revision == "base":
+            Table(VERSION_TABLE, MetaData()).drop(connection, checkfirst=True)
+
+
+def ensure_schema(engine: Engine) -> bool:
+    """Bring the schema to head if it is behind; True if this call upgraded it.
+
+    Safe to call from many processes at once. Raises ConfigurationError if the database was
+    migrated by a newer airflow-finalckpt.
+    """
+    _create_sqlite_directory(engine)
+    with migration_transaction(engine) as connection:
+        if _current_revision(connection) == head_revision():
+            return False
+        command.upgrade(alembic_config(connection), "head")
+        return True

@@ -1,0 +1,113 @@
+"""Fixtures shared by the whole suite: coordination store URLs (SQLite and PostgreSQL).
+
+PostgreSQL: ``FINALCKPT_TEST_PG_URL`` names an admin database (default
+``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``); every test using ``pg_url`` gets its
+own freshly created database, dropped afterwards, so parallel runs never collide. When the server
+is unreachable, those tests skip, unless ``FINALCKPT_REQUIRE_POSTGRES=1`` (CI): then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import NullPool
+
+DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+PG_CONNECT_TIMEOUT_S = 5
+
+
+def pg_admin_url() -> URL:
+    """The admin database URL, pinned to the psycopg 3 driver."""
+    url = make_url(os.environ.get("FINALCKPT_TEST_PG_URL") or DEFAULT_PG_ADMIN_URL)
+    return url.set(drivername="postgresql+psycopg")
+
+
+def postgres_required() -> bool:
+    return os.environ.get("FINALCKPT_REQUIRE_POSTGRES") == "1"
+
+
+def _admin_engine() -> Engine:
+    return create_engine(
+        pg_admin_url(),
+        isolation_level="AUTOCOMMIT",  # CREATE/DROP DATABASE cannot run in a transaction
+        poolclass=NullPool,
+        connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> bool:
+    """Whether the admin database answers; skips (or fails in CI) when it does not."""
+    admin = pg_admin_url()
+    where = f"{admin.host}:{admin.port or 5432}"
+    try:
+        engine = _admin_engine()
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        reason = f"PostgreSQL not reachable at {where}"
+        if postgres_required():
+            pytest.fail(f"{reason} but FINALCKPT_REQUIRE_POSTGRES=1: {exc}", pytrace=False)
+        pytest.skip(reason)
+    return True
+
+
+@pytest.fixture
+def pg_url(pg_available: bool) -> Iterator[str]:
+    """A freshly created, empty PostgreSQL database (URL string with password), dropped after."""
+    name = f"finalckpt_test_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+    engine = _admin_engine()
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield pg_admin_url().set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as conn:
+            # FORCE (PostgreSQL 13+) ends connections a test may have leaked.
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A file-based SQLite URL in the test's temporary directory (the file does not exist yet)."""
+    return f"sqlite:///{tmp_path / 'coordination.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """A migrated (schema at head) coordination store, once on SQLite and once on PostgreSQL."""
+    from airflow_finalckpt.store.engine import make_engine
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    url: str = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    engine = make_engine(url)
+    try:
+        ensure_schema(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def isolated_settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Hide the machine's finalckpt configuration: env, connection and airflow.cfg.
+
+    Yields the temporary AIRFLOW_HOME the defaults resolve under.
+    """
+    from airflow_finalckpt import config
+
+    for name in list(os.environ):
+        if name.startswith("AIRFLOW__FINALCKPT__") or name == config.CONNECTION_ENV:
+            monkeypatch.delenv(name)
+    home = tmp_path / "airflow_home"
+    monkeypatch.setenv("AIRFLOW_HOME", str(home))
+    monkeypatch.setattr(config, "_read_airflow_cfg", lambda _name: None)
+    yield home
