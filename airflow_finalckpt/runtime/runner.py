@@ -1,0 +1,420 @@
+"""The stage runtime: drives one stage attempt through FLIP-147's lifecycle.
+
+RUNNING: pending splits are processed in batches; after each batch its progress (finished
+splits, output parts, state, pre-committed sink transactions) is made durable in one coordinator
+transition that also answers pending checkpoints, so a crash redoes at most the in-flight batch.
+FINISHED (WAITING_FOR_FINAL_CP): endInput() + finish() flushed the state (every window fires),
+pre-committed the last transactions, published end_of_data and triggered the eager final
+checkpoint. CLOSED: once a qualifying checkpoint completed, covered transactions are committed,
+later ones aborted.
+
+The runtime knows neither Airflow nor Spark: a ``StageLogic`` does the work of a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from airflow_finalckpt.core.assignment import batches, remaining_splits
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.model import (
+    MAX_WATERMARK,
+    EndOfData,
+    SinkTransaction,
+    StageLifecycle,
+    StageSnapshot,
+    StateHandle,
+    StopMode,
+    StopState,
+    TriggerReason,
+)
+from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+
+#: State handles whose name starts with this prefix list the stage's output parts.
+OUTPUT_PREFIX = "output:"
+
+
+class CommitMode(StrEnum):
+    """PROGRESSIVE commits every transaction as soon as a completed checkpoint covers it;
+    FINAL publishes the whole stage's output at its final checkpoint only."""
+
+    PROGRESSIVE = "progressive"
+    FINAL = "final"
+
+
+class RunStatus(StrEnum):
+    FINISHED = "finished"
+    SUSPENDED = "suspended"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    pipeline_key: str
+    stage_id: str
+    splits: tuple[str, ...]
+    batch_size: int = 10
+    checkpoint_interval_s: float = 60.0
+    commit_mode: CommitMode = CommitMode.PROGRESSIVE
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One unit of Spark work: a deterministic key (so a redone batch writes the same part)."""
+
+    index: int
+    key: str
+    splits: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    parts: tuple[str, ...] = ()
+    state: tuple[StateHandle, ...] | None = None
+    watermark: int | None = None
+
+
+class StageLogic(Protocol):
+    """What a stage does; the Spark adapter implements it."""
+
+    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None: ...
+
+    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput: ...
+
+    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput: ...
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: RunStatus
+    end_of_data: EndOfData | None = None
+    processed_splits: tuple[str, ...] = ()
+    skipped_splits: int = 0
+    savepoint_id: int | None = None
+
+
+@dataclass
+class Progress:
+    """Split progress of this attempt, for logs and progress bars."""
+
+    total: int
+    done: int
+    processed: list[str] = field(default_factory=list)
+
+
+def batch_key(splits: Sequence[str]) -> str:
+    """A stable, path-safe name of a batch: its first split's tail plus a digest of all."""
+    digest = hashlib.sha1("\n".join(splits).encode()).hexdigest()[:10]
+    tail = re.sub(r"[^A-Za-z0-9_.-]", "_", splits[0].rsplit("/", 1)[-1])[:40].lstrip(".-")
+    return f"{tail or 'b'}-n{len(splits)}-{digest}"
+
+
+def _split_state(
+    handles: Sequence[StateHandle],
+) -> tuple[list[StateHandle], list[StateHandle]]:
+    outputs = [h for h in handles if h.name.startswith(OUTPUT_PREFIX)]
+    others = [h for h in handles if not h.name.startswith(OUTPUT_PREFIX)]
+    return outputs, others
+
+
+class StageRunner:
+    """Runs one attempt of one stage against the coordinator, its sinks and its logic."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        spec: StageSpec,
+        logic: StageLogic,
+        sinks: Sequence[TwoPhaseCommitSink] = (),
+        *,
+        output_handle: Callable[[Batch, Sequence[str]], StateHandle] | None = None,
+        log: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_progress: Callable[[Progress], None] | None = None,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.spec = spec
+        self.logic = logic
+        self.sinks = {s.sink_id: s for s in sinks}
+        self.output_handle = output_handle
+        self.log = log or logging.getLogger("airflow_finalckpt.stage")
+        self.clock = clock
+        self.on_progress = on_progress
+        self.fault = fault or (lambda _point: None)
+        self.epoch: int | None = None
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> RunResult:
+        """Process the pending splits and finish; or stop at a savepoint; or skip if done."""
+        stage_id = self.spec.stage_id
+        view = self.coordinator.start_attempt(stage_id, total_splits=len(self.spec.splits))
+        self.epoch = view.epoch
+        if view.lifecycle is StageLifecycle.CLOSED:
+            eod = view.final_snapshot.end_of_data if view.final_snapshot else None
+            self.log.info(
+                "stage %s is fully finished (closed on checkpoint %s): no Spark job submitted, "
+                "re-publishing its end_of_data",
+                stage_id,
+                view.closed_checkpoint_id,
+            )
+            return RunResult(RunStatus.CLOSED, eod, skipped_splits=len(self.spec.splits))
+        if view.lifecycle is StageLifecycle.FINISHED:
+            eod = view.final_snapshot.end_of_data if view.final_snapshot else None
+            self.log.info(
+                "stage %s already finished (attempt epoch %d): waiting for its final checkpoint",
+                stage_id,
+                self.epoch,
+            )
+            return RunResult(RunStatus.FINISHED, eod, skipped_splits=len(self.spec.splits))
+        self._abort_orphaned_transactions()
+        progress = view.progress
+        pending = remaining_splits(self.spec.splits, progress.finished_splits)
+        outputs, state = _split_state(progress.state)
+        self.log.info(
+            "stage %s attempt epoch %d: %d of %d splits already finished, %d to process in "
+            "batches of %d",
+            stage_id,
+            self.epoch,
+            len(progress.finished_splits),
+            len(self.spec.splits),
+            len(pending),
+            self.spec.batch_size,
+        )
+        self.logic.restore(state, progress.watermark)
+        tracker = Progress(total=len(self.spec.splits), done=len(progress.finished_splits))
+        last_trigger = self.clock()
+        drain = False
+        unread = 0
+        todo = batches(pending, self.spec.batch_size) if pending else []
+        for index, splits in enumerate(todo):
+            stop = self.coordinator.stop_request()
+            if stop is not None and stop.state is StopState.REQUESTED:
+                if stop.mode is StopMode.DRAIN:
+                    drain = True
+                    unread = sum(len(b) for b in todo[index:])
+                    self.log.info(
+                        "stop with drain requested: stage %s stops taking input, %d splits "
+                        "left unread",
+                        stage_id,
+                        unread,
+                    )
+                    break
+                return self._suspend(tracker)
+            batch = Batch(index=index, key=batch_key(splits), splits=tuple(splits))
+            out = self._process(batch)
+            if out.parts and self.output_handle is not None:
+                outputs = [*outputs, self.output_handle(batch, out.parts)]
+            if out.state is not None:
+                state = list(out.state)
+            self.fault("before-record-batch")
+            txns = self._precommit(batch.key)
+            outcome = self.coordinator.record_batch(
+                stage_id,
+                self.epoch,
+                finished_splits=batch.splits,
+                state=[*outputs, *state],
+                transactions=txns,
+                watermark=out.watermark,
+            )
+            self.fault("after-record-batch")
+            tracker.done += len(batch.splits)
+            tracker.processed.extend(batch.splits)
+            self._report(tracker, batch, outcome.acked)
+            now = self.clock()
+            if now - last_trigger >= self.spec.checkpoint_interval_s:
+                self.coordinator.trigger(TriggerReason.PERIODIC)
+                last_trigger = now
+            if self.spec.commit_mode is CommitMode.PROGRESSIVE:
+                self.commit_covered()
+        stop = self.coordinator.stop_request()
+        if (
+            not drain
+            and stop is not None
+            and stop.state is StopState.REQUESTED
+            and stop.mode is StopMode.DRAIN
+        ):
+            drain = True
+        return self._finish(tracker, outputs, state, drain=drain, unread=unread)
+
+    def _process(self, batch: Batch) -> BatchOutput:
+        self.fault("before-batch")
+        out = self.logic.process(batch, self._txn_ids(batch.key))
+        self.fault("mid-batch")
+        return out
+
+    def _txn_ids(self, key: str) -> dict[str, str]:
+        return {sid: f"{self.spec.stage_id}.{key}.e{self.epoch}"[:200] for sid in self.sinks}
+
+    def _precommit(self, key: str) -> list[SinkTransaction]:
+        # The covering checkpoint is stamped by the coordinator; 0 means "not yet covered".
+        return [
+            sink.precommit(txn_id, 0)
+            for sid, sink in self.sinks.items()
+            for txn_id in [self._txn_ids(key)[sid]]
+        ]
+
+    def _finish(
+        self,
+        tracker: Progress,
+        outputs: list[StateHandle],
+        state: list[StateHandle],
+        *,
+        drain: bool,
+        unread: int,
+    ) -> RunResult:
+        assert self.epoch is not None
+        key = "finish"
+        out = self.logic.finish(drain, self._txn_ids(key))
+        if out.parts and self.output_handle is not None:
+            outputs = [
+                *outputs,
+                self.output_handle(Batch(index=-1, key=key, splits=()), out.parts),
+            ]
+        if out.state is not None:
+            state = list(out.state)
+        txns = self._precommit(key)
+        self.fault("before-finish")
+        manifest = [part for h in outputs for part in _parts_of(h)]
+        result = self.coordinator.finish(
+            self.spec.stage_id,
+            self.epoch,
+            StageSnapshot(
+                state=(*outputs, *state),
+                pending_transactions=tuple(txns),
+                watermark=MAX_WATERMARK,
+                end_of_data=EndOfData(
+                    drain=drain, manifest=manifest, watermark=MAX_WATERMARK, unread_splits=unread
+                ),
+            ),
+        )
+        self.fault("after-finish")
+        self.log.info(
+            "stage %s finished (%s): %d splits processed in this attempt, %d parts; final "
+            "checkpoint is the first completed checkpoint >= %d (eager checkpoint %s triggered)",
+            self.spec.stage_id,
+            "drained" if drain else "end of input",
+            len(tracker.processed),
+            len(manifest),
+            result.threshold,
+            result.eager_checkpoint_id,
+        )
+        return RunResult(
+            RunStatus.FINISHED,
+            result.end_of_data,
+            processed_splits=tuple(tracker.processed),
+            skipped_splits=tracker.total - len(tracker.processed),
+        )
+
+    def _suspend(self, tracker: Progress) -> RunResult:
+        """Stop with savepoint: answer the savepoint at this batch boundary, do not finish."""
+        assert self.epoch is not None
+        outcome = self.coordinator.record_batch(self.spec.stage_id, self.epoch)
+        self.coordinator.suspend(self.spec.stage_id, self.epoch)
+        stop = outcome.stop
+        self.log.info(
+            "stop with savepoint: stage %s suspended at a batch boundary (%d/%d splits done); "
+            "savepoint %s",
+            self.spec.stage_id,
+            tracker.done,
+            tracker.total,
+            stop.savepoint_id if stop else None,
+        )
+        return RunResult(
+            RunStatus.SUSPENDED,
+            processed_splits=tuple(tracker.processed),
+            savepoint_id=stop.savepoint_id if stop else None,
+        )
+
+    def _report(self, tracker: Progress, batch: Batch, acked: Sequence[int]) -> None:
+        pct = 100.0 * tracker.done / tracker.total if tracker.total else 100.0
+        self.log.info(
+            "stage %s: %d/%d splits (%.0f%%) after batch %s%s",
+            self.spec.stage_id,
+            tracker.done,
+            tracker.total,
+            pct,
+            batch.key,
+            f"; acknowledged checkpoints {list(acked)}" if acked else "",
+        )
+        if self.on_progress is not None:
+            self.on_progress(tracker)
+
+    # ------------------------------------------------------------------ closing
+
+    def commit_covered(self) -> int:
+        """Commit every transaction a completed checkpoint covers (idempotent, fenced)."""
+        assert self.epoch is not None
+        committed = 0
+        for txn in self.coordinator.committable_transactions(self.spec.stage_id):
+            sink = self.sinks.get(txn.sink_id)
+            if sink is None:
+                raise FinalCheckpointError(
+                    f"stage {self.spec.stage_id!r} has a transaction for sink {txn.sink_id!r}, "
+                    "which is not configured any more; restore the sink to commit it"
+                )
+            self.coordinator.check_epoch(self.spec.stage_id, self.epoch)
+            self.fault("before-commit")
+            sink.commit(txn)
+            self.fault("mid-commit")
+            if self.coordinator.mark_committed(
+                self.spec.stage_id, self.epoch, txn.sink_id, txn.txn_id
+            ):
+                committed += 1
+        return committed
+
+    def try_close(self, epoch: int | None = None) -> EndOfData | None:
+        """If a qualifying checkpoint completed: commit up to it, abort later ones, close."""
+        if epoch is not None:
+            self.epoch = epoch
+        if self.epoch is None:
+            self.epoch = self.coordinator.stage(self.spec.stage_id).epoch
+        stage_id = self.spec.stage_id
+        checkpoint_id = self.coordinator.closable_checkpoint(stage_id)
+        if checkpoint_id is None:
+            return None
+        view = self.coordinator.stage(stage_id)
+        if view.lifecycle is not StageLifecycle.CLOSED:
+            committed = self.commit_covered()
+            aborted = self.coordinator.close(stage_id, self.epoch, checkpoint_id)
+            for txn in aborted:
+                sink = self.sinks.get(txn.sink_id)
+                if sink is not None:
+                    sink.abort(txn)
+            self.log.info(
+                "stage %s closed on checkpoint %d: %d transactions committed now, %d aborted",
+                stage_id,
+                checkpoint_id,
+                committed,
+                len(aborted),
+            )
+            view = self.coordinator.stage(stage_id)
+        return view.final_snapshot.end_of_data if view.final_snapshot else None
+
+    def _abort_orphaned_transactions(self) -> None:
+        """Staged transactions the coordinator never recorded belong to a crashed batch."""
+        known = {t.txn_id for t, _ in self.coordinator.transactions(self.spec.stage_id)}
+        prefix = f"{self.spec.stage_id}."
+        for sink in self.sinks.values():
+            for txn_id in sorted(sink.staged_txn_ids()):
+                if txn_id.startswith(prefix) and txn_id not in known:
+                    self.log.info(
+                        "aborting orphaned transaction %s of sink %s", txn_id, sink.sink_id
+                    )
+                    sink.abort(
+                        SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0)
+                    )
+
+
+def _parts_of(handle: StateHandle) -> list[str]:
+    """Output handles are named ``output:<part>[,<part>...]``."""
+    return [p for p in handle.name[len(OUTPUT_PREFIX) :].split(",") if p]

@@ -1,0 +1,224 @@
+"""The Spark side of a stage: runs a user transform per split batch, with explicit state.
+
+Everything a batch produces goes to files before the runtime records the batch: the output part
+(Parquet under ``<pipeline dir>/data/<stage>/<batch key>``, read by downstream stages), every sink
+transaction's staging area, and state (Parquet under ``state/``), so a batch may run in a new
+process after a crash and nothing lives only in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
+from airflow_finalckpt.core.model import StateHandle
+from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX, Batch, BatchOutput
+from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+from airflow_finalckpt.storage import CheckpointStorage
+
+STATE_PREFIX = "state:"
+GLOBAL_PREFIX = "global:"
+
+
+class TransformError(FinalCheckpointError):
+    """The stage's transform raised; nothing of the batch was recorded or committed."""
+
+
+def spark_path(path: str) -> str:
+    """A path Spark's Hadoop file systems understand, from a checkpoint storage path."""
+    if "://" not in path:
+        return "file://" + os.path.abspath(path)
+    if path.startswith("s3://"):
+        return "s3a://" + path[len("s3://") :]
+    return path
+
+
+@dataclass
+class BatchContext:
+    """What a transform sees for one batch (or for finish(), with ``finishing`` set)."""
+
+    spark: SparkSession
+    stage_id: str
+    splits: tuple[str, ...]
+    watermark: int | None
+    finishing: bool = False
+    drain: bool = False
+    logic: SparkStageLogic | None = field(default=None, repr=False)
+
+    def read_parts(self, parts: Sequence[str] | None = None) -> DataFrame:
+        """Read upstream output parts (default: this batch's splits, when they are parts)."""
+        assert self.logic is not None
+        return self.logic.read_parts(list(parts if parts is not None else self.splits))
+
+    def upstream(self, stage_id: str) -> DataFrame:
+        """The whole output of an upstream stage, from its end_of_data manifest."""
+        assert self.logic is not None
+        manifest = self.logic.upstream_manifests.get(stage_id)
+        if manifest is None:
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r} has no upstream stage {stage_id!r} with a manifest"
+            )
+        return self.logic.read_parts(manifest)
+
+    def get_state(self, name: str) -> DataFrame | None:
+        assert self.logic is not None
+        return self.logic.read_state(STATE_PREFIX + name)
+
+    def set_state(self, name: str, frame: DataFrame) -> None:
+        assert self.logic is not None
+        self.logic.pending_state[STATE_PREFIX + name] = frame
+
+    def global_state(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
+        """Stage-global state (e.g. a broadcast dimension table): computed once, kept in every
+        checkpoint, restored on resume, so it survives partial finishing."""
+        assert self.logic is not None
+        key = GLOBAL_PREFIX + name
+        existing = self.logic.read_state(key)
+        if existing is not None:
+            return existing
+        self.logic.pending_state[key] = factory()
+        self.logic.persist_state()
+        restored = self.logic.read_state(key)
+        assert restored is not None
+        return restored
+
+    def set_watermark(self, watermark: int) -> None:
+        self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
+
+
+Transform = Callable[[BatchContext], DataFrame | None]
+
+
+class SparkStageLogic:
+    """Implements the runtime's StageLogic with a user transform on a SparkSession."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        storage: CheckpointStorage,
+        pipeline_key: str,
+        stage_id: str,
+        transform: Transform,
+        *,
+        on_finish: Transform | None = None,
+        sinks: Sequence[TwoPhaseCommitSink] = (),
+        upstream_manifests: Mapping[str, list[str]] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.storage = storage
+        self.pipeline_key = pipeline_key
+        self.stage_id = stage_id
+        self.transform = transform
+        self.on_finish = on_finish
+        self.sinks = list(sinks)
+        self.upstream_manifests = dict(upstream_manifests or {})
+        self.handles: dict[str, StateHandle] = {}
+        self.pending_state: dict[str, DataFrame] = {}
+        self.watermark: int | None = None
+
+    # -- StageLogic ------------------------------------------------------------------------
+
+    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None:
+        self.handles = {h.name: h for h in state}
+        self.watermark = watermark
+
+    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
+        ctx = BatchContext(self.spark, self.stage_id, batch.splits, self.watermark, logic=self)
+        return self._run(ctx, self.transform, batch.key, txn_ids)
+
+    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
+        ctx = BatchContext(
+            self.spark, self.stage_id, (), self.watermark, finishing=True, drain=drain, logic=self
+        )
+        if self.on_finish is None:
+            return BatchOutput(state=tuple(self.handles.values()), watermark=self.watermark)
+        return self._run(ctx, self.on_finish, "finish", txn_ids)
+
+    def _run(
+        self, ctx: BatchContext, fn: Transform, key: str, txn_ids: Mapping[str, str]
+    ) -> BatchOutput:
+        self.pending_state = {}
+        try:
+            frame = fn(ctx)
+        except FinalCheckpointError:
+            raise
+        except Exception as exc:
+            raise TransformError(
+                f"stage {self.stage_id!r}: transform failed on batch {key} "
+                f"({len(ctx.splits)} splits): {type(exc).__name__}: {exc}"
+            ) from exc
+        parts: tuple[str, ...] = ()
+        if frame is not None:
+            frame = frame.persist()
+            try:
+                part = f"data/{self.stage_id}/{key}"
+                frame.write.mode("overwrite").parquet(spark_path(self._resolve(part)))
+                for sink in self.sinks:
+                    sink.write_spark(txn_ids[sink.sink_id], frame)
+            finally:
+                frame.unpersist()
+            parts = (part,)
+        self.persist_state()
+        self.watermark = ctx.watermark
+        return BatchOutput(parts=parts, state=tuple(self.handles.values()), watermark=ctx.watermark)
+
+    # -- output handles (the runtime records them with the batch) --------------------------
+
+    def output_handle(self, batch: Batch, parts: Sequence[str]) -> StateHandle:
+        doc = {"stage_id": self.stage_id, "batch": batch.key, "parts": list(parts)}
+        return self.storage.write_state(
+            self.pipeline_key,
+            f"data/{self.stage_id}/_parts/{batch.key}.json",
+            json.dumps(doc, sort_keys=True).encode(),
+            name=OUTPUT_PREFIX + ",".join(parts),
+        )
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _resolve(self, relpath: str) -> str:
+        return self.storage.resolve_handle(self.pipeline_key, relpath)
+
+    def persist_state(self) -> None:
+        """Write every state frame set during this batch; replace its handle."""
+        for name, frame in self.pending_state.items():
+            rel_dir = f"state/{self.stage_id}/{name.replace(':', '_')}/{uuid.uuid4().hex}"
+            frame.write.mode("overwrite").parquet(spark_path(self._resolve(rel_dir)))
+            doc = {"path": rel_dir, "columns": frame.columns}
+            self.handles[name] = self.storage.write_state(
+                self.pipeline_key,
+                f"{rel_dir}.json",
+                json.dumps(doc, sort_keys=True).encode(),
+                name=name,
+            )
+        self.pending_state = {}
+
+    def read_state(self, name: str) -> DataFrame | None:
+        handle = self.handles.get(name)
+        if handle is None:
+            return None
+        doc: dict[str, Any] = json.loads(self.storage.read_state(self.pipeline_key, handle))
+        path = self._resolve(str(doc["path"]))
+        try:
+            return self.spark.read.parquet(spark_path(path))
+        except Exception as exc:
+            raise StorageError(
+                f"stage {self.stage_id!r}: state {name!r} at {path} cannot be read: {exc}"
+            ) from exc
+
+    def read_parts(self, parts: Sequence[str]) -> DataFrame:
+        if not parts:
+            raise FinalCheckpointError(f"stage {self.stage_id!r}: no input parts to read")
+        paths = [spark_path(self._resolve(p)) for p in parts]
+        try:
+            return self.spark.read.parquet(*paths)
+        except Exception as exc:
+            raise StorageError(
+                f"stage {self.stage_id!r}: input parts cannot be read ({parts[0]} ...): {exc}"
+            ) from exc

@@ -1,0 +1,145 @@
+"""The example pipeline through the real runtime on real Spark, without Airflow.
+
+Sinks must equal an independent pandas computation; after a crash mid-``enrich`` the new
+attempt processes only the unfinished splits, and the sinks are still exactly equal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.model import StageLifecycle
+from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs
+from airflow_finalckpt.examples.nycflights13.local import run_example_locally
+from airflow_finalckpt.examples.nycflights13.reference import (
+    assert_windows_match,
+    reference_pipeline,
+)
+from airflow_finalckpt.runtime.runner import CommitMode, RunStatus
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+DAYS = first_days(6)
+BATCHES = {"ingest": 2, "enrich": 1, "delay_windows": 1, "publish": 1}
+
+
+class InjectedCrash(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, object]:
+    inputs = tmp_path / "inputs"
+    prepare_inputs(inputs, days=DAYS)
+    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    sinks = [
+        ParquetTableSink("windows_parquet", str(tmp_path / "out" / "windows")),
+        SqlTableSink("windows_sql", f"sqlite:///{tmp_path}/out.db", "delay_windows"),
+    ]
+    return {
+        "inputs": str(inputs),
+        "coordinator": Coordinator(engine, "nyc", writer=storage),
+        "storage": storage,
+        "sinks": sinks,
+    }
+
+
+def _check_sinks(sinks: list, expected) -> None:  # type: ignore[type-arg]
+    parquet, sql = sinks
+    for actual in (parquet.read_pandas(), sql.read_pandas()):
+        assert_windows_match(actual, expected.windows)
+
+
+def test_pipeline_sinks_equal_pandas_reference(spark: SparkSession, env: dict) -> None:  # type: ignore[type-arg]
+    coord: Coordinator = env["coordinator"]  # type: ignore[assignment]
+    run = run_example_locally(
+        spark,
+        env["inputs"],
+        coord,
+        env["storage"],
+        env["sinks"],
+        batch_sizes=BATCHES,  # type: ignore[arg-type]
+    )
+    assert all(r.status is RunStatus.FINISHED for r in run.results.values())
+    assert all(v.lifecycle is StageLifecycle.CLOSED for v in coord.stages().values())
+    _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
+    committed = [t for t, state in coord.transactions() if state == "COMMITTED"]
+    assert committed and all(t.checkpoint_id is not None for t in committed)
+
+
+def test_crash_mid_enrich_resumes_only_unfinished_splits(spark: SparkSession, env: dict) -> None:  # type: ignore[type-arg]
+    coord: Coordinator = env["coordinator"]  # type: ignore[assignment]
+    seen = {"enrich_batches": 0}
+
+    def crash_on_third_enrich_batch(stage_id: str, point: str) -> None:
+        if stage_id == "enrich" and point == "after-record-batch":
+            seen["enrich_batches"] += 1
+            if seen["enrich_batches"] == 2:
+                raise InjectedCrash("crash mid-enrich")
+
+    with pytest.raises(InjectedCrash):
+        run_example_locally(
+            spark,
+            env["inputs"],  # type: ignore[arg-type]
+            coord,
+            env["storage"],  # type: ignore[arg-type]
+            env["sinks"],  # type: ignore[arg-type]
+            batch_sizes=BATCHES,
+            fault=crash_on_third_enrich_batch,
+        )
+    enrich = coord.stage("enrich")
+    done_before = set(enrich.progress.finished_splits)
+    assert len(done_before) == 2 and enrich.lifecycle is StageLifecycle.RUNNING
+    ingest_epoch = coord.stage("ingest").epoch
+
+    run = run_example_locally(
+        spark,
+        env["inputs"],
+        coord,
+        env["storage"],
+        env["sinks"],
+        batch_sizes=BATCHES,  # type: ignore[arg-type]
+    )
+    # ingest was closed: no Spark job, nothing processed again
+    assert run.results["ingest"].status is RunStatus.CLOSED
+    assert run.results["ingest"].processed_splits == ()
+    assert coord.stage("ingest").epoch == ingest_epoch + 1
+    # enrich processed exactly the splits it had not finished
+    redone = set(run.results["enrich"].processed_splits)
+    all_parts = set(run.end_of_data["ingest"].manifest)
+    assert redone == all_parts - done_before
+    _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
+
+
+def test_final_commit_mode_publishes_only_at_final_checkpoint(
+    spark: SparkSession, env: dict
+) -> None:  # type: ignore[type-arg]
+    coord: Coordinator = env["coordinator"]  # type: ignore[assignment]
+    parquet = env["sinks"][0]  # type: ignore[index]
+    observed: list[int] = []
+
+    def watch(stage_id: str, point: str) -> None:
+        if stage_id == "publish" and point == "after-record-batch":
+            observed.append(len(parquet.committed_txn_ids()))
+
+    run_example_locally(
+        spark,
+        env["inputs"],  # type: ignore[arg-type]
+        coord,
+        env["storage"],  # type: ignore[arg-type]
+        env["sinks"],  # type: ignore[arg-type]
+        batch_sizes=BATCHES,
+        commit_mode=CommitMode.FINAL,
+        fault=watch,
+    )
+    assert observed and set(observed) == {0}
+    assert parquet.committed_txn_ids()
+    _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
