@@ -60,6 +60,7 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
 )
 from airflow_finalckpt.core.plan import CheckpointPlan, calculate_plan
+from airflow_finalckpt.core.restore import RestorePlan, StageAction, StageRestore
 from airflow_finalckpt.store import schema as t
 
 
@@ -929,6 +930,146 @@ class Coordinator:
                 },
             )
             return self._stage_view(tx.conn, stage_id)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, plan: RestorePlan, record: CheckpointRecord, source: str) -> bool:
+        """Reset every stage to a checkpoint or savepoint (``plan`` from ``plan_restore``).
+
+        Fully finished stages become FINISHED and closable at once (their pending transactions
+        are re-committed idempotently, their end_of_data re-published, no Spark job runs);
+        partially finished ones keep their finished splits and state; the others start fresh.
+        Works on an empty store too (the checkpoint is imported). Idempotent per ``source``:
+        returns False if the pipeline was already restored from it.
+        """
+        checkpoint_id = record.checkpoint_id
+        with self._transition() as tx:
+            if tx.pipeline["restored_from"] == source:
+                return False
+            now = self.clock()
+            for cid in self._pending_ids(tx.conn):
+                self._abort(tx, cid, f"pipeline restored from {source}")
+            stop = self._latest_stop(tx.conn)
+            if stop is not None and stop.state is not StopState.RESUMED:
+                self._update_stop(tx.conn, stop.request_id, {"state": StopState.RESUMED.value})
+            exists = tx.conn.execute(
+                select(t.checkpoints.c.state).where(
+                    t.checkpoints.c.pipeline_key == self.pipeline_key,
+                    t.checkpoints.c.checkpoint_id == checkpoint_id,
+                )
+            ).scalar()
+            if exists is None:
+                tx.conn.execute(
+                    t.checkpoints.insert().values(
+                        pipeline_key=self.pipeline_key,
+                        checkpoint_id=checkpoint_id,
+                        kind=record.kind.value,
+                        reason=record.reason.value,
+                        state=CheckpointState.COMPLETED.value,
+                        plan={
+                            "to_trigger": [],
+                            "to_ack": [],
+                            "fully_finished": [],
+                            "not_started": [],
+                            "statuses": {k: v.status.value for k, v in record.stages.items()},
+                        },
+                        acks_pending=0,
+                        triggered_at=record.triggered_at,
+                        completed_at=record.completed_at,
+                        metadata_path=source,
+                    )
+                )
+            next_id = max(int(tx.pipeline["next_checkpoint_id"]), checkpoint_id + 1)
+            tx.conn.execute(
+                update(t.pipelines)
+                .where(t.pipelines.c.pipeline_key == self.pipeline_key)
+                .values(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
+            )
+            rows = self._stage_rows(tx.conn)
+            for sid, decision in plan.stages.items():
+                row = rows.get(sid)
+                if row is None:
+                    raise UnknownStageError(
+                        f"stage {sid!r} is not registered for pipeline {self.pipeline_key!r}; "
+                        "register the current graph before restoring"
+                    )
+                self._restore_stage(tx, row, decision, checkpoint_id, now)
+            return True
+
+    def _restore_stage(
+        self,
+        tx: _Tx,
+        row: RowMapping,
+        decision: StageRestore,
+        checkpoint_id: int,
+        now: float,
+    ) -> None:
+        sid = row["stage_id"]
+        kept = {(x.sink_id, x.txn_id) for x in decision.pending_transactions}
+        for txn in self._uncommitted(tx.conn, sid):
+            if (txn.sink_id, txn.txn_id) not in kept:
+                self._set_txn_state(tx.conn, sid, txn.sink_id, txn.txn_id, TransactionState.ABORTED)
+        for txn in decision.pending_transactions:
+            self._insert_ignore(
+                tx.conn,
+                t.transactions,
+                {
+                    "pipeline_key": self.pipeline_key,
+                    "stage_id": sid,
+                    "sink_id": txn.sink_id,
+                    "txn_id": txn.txn_id,
+                    "epoch": int(row["epoch"]) + 1,
+                    "checkpoint_id": checkpoint_id,
+                    "state": TransactionState.PRECOMMITTED.value,
+                    "payload": txn.payload,
+                    "updated_at": now,
+                },
+            )
+            tx.conn.execute(
+                update(t.transactions)
+                .where(
+                    t.transactions.c.pipeline_key == self.pipeline_key,
+                    t.transactions.c.stage_id == sid,
+                    t.transactions.c.sink_id == txn.sink_id,
+                    t.transactions.c.txn_id == txn.txn_id,
+                    t.transactions.c.state != TransactionState.COMMITTED.value,
+                )
+                .values(state=TransactionState.PRECOMMITTED.value, checkpoint_id=checkpoint_id)
+            )
+        snapshot = StageSnapshot(
+            finished_splits=decision.finished_splits,
+            state=decision.state,
+            watermark=decision.watermark,
+            end_of_data=decision.end_of_data if decision.action is StageAction.SKIP else None,
+        )
+        values: dict[str, Any] = {
+            "epoch": int(row["epoch"]) + 1,
+            "progress": _dump(snapshot),
+            "closed_checkpoint_id": None,
+            "updated_at": now,
+        }
+        if decision.action is StageAction.SKIP:
+            values.update(
+                lifecycle=StageLifecycle.FINISHED.value,
+                finish_threshold=checkpoint_id,
+                final_snapshot=_dump(snapshot.model_copy(update={"state": ()})),
+            )
+        else:
+            values.update(
+                lifecycle=StageLifecycle.NOT_STARTED.value,
+                finish_threshold=None,
+                final_snapshot=None,
+            )
+        self._update_stage(tx.conn, sid, values)
+
+    def restored_from(self) -> str | None:
+        with self._read() as conn:
+            value = conn.execute(
+                select(t.pipelines.c.restored_from).where(
+                    t.pipelines.c.pipeline_key == self.pipeline_key
+                )
+            ).scalar()
+        return None if value is None else str(value)
 
     # ------------------------------------------------------------------ stop and resume
 

@@ -401,12 +401,13 @@ class StageRunner:
         return view.final_snapshot.end_of_data if view.final_snapshot else None
 
     def _abort_orphaned_transactions(self) -> None:
-        """Staged transactions the coordinator never recorded belong to a crashed batch."""
-        known = {t.txn_id for t, _ in self.coordinator.transactions(self.spec.stage_id)}
+        """Staged transactions the coordinator never recorded (a crashed batch) or aborted (a
+        restore to an earlier checkpoint) are dropped from the sinks."""
+        known = {t.txn_id: state for t, state in self.coordinator.transactions(self.spec.stage_id)}
         prefix = f"{self.spec.stage_id}."
         for sink in self.sinks.values():
             for txn_id in sorted(sink.staged_txn_ids()):
-                if txn_id.startswith(prefix) and txn_id not in known:
+                if txn_id.startswith(prefix) and known.get(txn_id, "ABORTED") == "ABORTED":
                     self.log.info(
                         "aborting orphaned transaction %s of sink %s", txn_id, sink.sink_id
                     )

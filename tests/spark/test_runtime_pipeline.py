@@ -143,3 +143,59 @@ def test_final_commit_mode_publishes_only_at_final_checkpoint(
     assert observed and set(observed) == {0}
     assert parquet.committed_txn_ids()
     _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
+
+
+def test_restore_checkpoint_into_fresh_store(
+    spark: SparkSession,
+    env: dict,  # type: ignore[type-arg]
+    tmp_path: Path,
+) -> None:
+    """A checkpoint path alone restores the pipeline into an empty coordination database."""
+    from airflow_finalckpt.core.restore import plan_restore
+    from airflow_finalckpt.examples.nycflights13.local import example_graph
+
+    coord: Coordinator = env["coordinator"]  # type: ignore[assignment]
+    storage: CheckpointStorage = env["storage"]  # type: ignore[assignment]
+
+    def crash_in_enrich(stage_id: str, point: str) -> None:
+        if stage_id == "enrich" and point == "after-record-batch":
+            coord.trigger()  # a checkpoint that covers ingest (finished) and enrich (partial)
+            raise InjectedCrash("crash mid-enrich")
+
+    with pytest.raises(InjectedCrash):
+        run_example_locally(
+            spark,
+            env["inputs"],
+            coord,
+            storage,
+            env["sinks"],
+            batch_sizes=BATCHES,
+            fault=crash_in_enrich,  # type: ignore[arg-type]
+        )
+    # the enrich attempt is gone: its next batch boundary never comes; the checkpoint waits
+    pending = [c for c in coord.checkpoints() if c.state.value == "PENDING"]
+    assert pending, "the checkpoint should wait for the crashed enrich attempt"
+    latest = coord.latest_completed()
+    assert latest is not None and latest.metadata_path
+    record = storage.read_checkpoint(latest.metadata_path)
+    statuses = {s: r.status.value for s, r in record.stages.items()}
+    assert statuses["ingest"] == "FULLY_FINISHED"
+
+    fresh_engine = make_engine(f"sqlite:///{tmp_path}/fresh.db")
+    ensure_schema(fresh_engine)
+    fresh = Coordinator(fresh_engine, record.pipeline_key, writer=storage)
+    fresh.register(example_graph())
+    plan = plan_restore(record, example_graph(), pipeline_key=record.pipeline_key)
+    assert fresh.restore(plan, record, latest.metadata_path)
+    assert not fresh.restore(plan, record, latest.metadata_path)  # idempotent per source
+
+    run = run_example_locally(
+        spark, env["inputs"], fresh, storage, env["sinks"], batch_sizes=BATCHES
+    )  # type: ignore[arg-type]
+    assert run.results["ingest"].processed_splits == ()
+    assert run.results["ingest"].status is RunStatus.FINISHED  # closed at once, no Spark job
+    enrich_done = record.stages["enrich"].finished_splits
+    assert set(run.results["enrich"].processed_splits) == set(
+        run.end_of_data["ingest"].manifest
+    ) - set(enrich_done)
+    _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
