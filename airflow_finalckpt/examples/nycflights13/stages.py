@@ -9,6 +9,7 @@ The same functions back the Airflow DAG in ``dags/`` and the Airflow-free tests.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,3 +87,36 @@ def example_stages(input_dir: str) -> list[ExampleStage]:
         ExampleStage("delay_windows", windows_transform, windows_finish, primary_input="enrich"),
         ExampleStage("publish", publish_transform, primary_input="delay_windows"),
     ]
+
+
+class InjectedCrash(RuntimeError):
+    """The demo's injected fault (``FINALCKPT_EXAMPLE_CRASH``)."""
+
+
+def crash_if_requested(ctx: BatchContext, spec: str | None, *, hard: bool = False) -> None:
+    """Fault injection for the demo: ``"enrich:N"`` fails enrich at its batch N+1, once (a
+    marker file beside the state remembers it). ``hard`` kills the process (like a SIGKILL of
+    the worker) instead of raising."""
+    if not spec or ctx.logic is None:
+        return
+    stage_id, _, count = spec.partition(":")
+    if stage_id != ctx.stage_id:
+        return
+    marker = ctx.logic.storage.resolve_handle(
+        ctx.logic.pipeline_key, f"faults/{ctx.stage_id}.crashed"
+    )
+    batches = ctx.logic.storage.resolve_handle(
+        ctx.logic.pipeline_key, f"faults/{ctx.stage_id}.batches"
+    )
+    if os.path.exists(marker):
+        return
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    done = int(open(batches).read()) if os.path.exists(batches) else 0  # noqa: SIM115
+    if done >= int(count or 1):
+        with open(marker, "w") as fh:
+            fh.write("crashed\n")
+        if hard:
+            os._exit(137)
+        raise InjectedCrash(f"injected crash in stage {ctx.stage_id} after {done} batches")
+    with open(batches, "w") as fh:
+        fh.write(str(done + 1))

@@ -1,0 +1,1 @@
+"""Example pipelines built on airflow-finalckpt."""
