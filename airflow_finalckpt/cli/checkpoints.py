@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from airflow_finalckpt.cli.main import _fail, _resolve_store_url, _user_errors, store_url_option
+from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
 from airflow_finalckpt.config import load_settings
 from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator
 from airflow_finalckpt.core.errors import FinalCheckpointError

@@ -20,6 +20,7 @@ The rules it enforces (see DESIGN.md):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -62,6 +63,8 @@ from airflow_finalckpt.core.model import (
 from airflow_finalckpt.core.plan import CheckpointPlan, calculate_plan
 from airflow_finalckpt.core.restore import RestorePlan, StageAction, StageRestore
 from airflow_finalckpt.store import schema as t
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointWriter(Protocol):
@@ -201,7 +204,12 @@ class Coordinator:
                 )
             yield _Tx(conn, row, hooks)
         for hook in hooks:
-            hook()
+            try:
+                hook()
+            except Exception:  # the transition committed; a failed cleanup must not undo it
+                log.warning(
+                    "after-commit hook of pipeline %r failed", self.pipeline_key, exc_info=True
+                )
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -246,6 +254,13 @@ class Coordinator:
                     retain_checkpoints=opts.retain_checkpoints,
                     checkpoint_timeout_s=opts.checkpoint_timeout_s,
                     updated_at=now,
+                )
+            )
+            # Stages removed from the graph (allowed by the restore rules) stop counting.
+            tx.conn.execute(
+                t.stages.delete().where(
+                    t.stages.c.pipeline_key == self.pipeline_key,
+                    t.stages.c.stage_id.not_in(graph.stage_ids),
                 )
             )
             for stage_id in graph.stage_ids:
@@ -428,7 +443,15 @@ class Coordinator:
         ).first()
         if exists is not None:
             return AckOutcome.DUPLICATE
-        self._stamp_transactions(tx.conn, stage_id, checkpoint_id)
+        newer = tx.conn.execute(
+            select(func.max(t.acks.c.checkpoint_id)).where(
+                t.acks.c.pipeline_key == self.pipeline_key, t.acks.c.stage_id == stage_id
+            )
+        ).scalar()
+        if newer is None or newer < checkpoint_id:
+            # Acked out of order (a newer one first): the newer checkpoint's snapshot does not
+            # hold the new transactions, so they must not be stamped with this older id.
+            self._stamp_transactions(tx.conn, stage_id, checkpoint_id)
         row = self._stage_row(tx.conn, stage_id)
         progress = _snapshot(row["progress"])
         snapshot = progress.model_copy(
@@ -447,8 +470,7 @@ class Coordinator:
         )
         remaining = ck["acks_pending"] - 1
         self._update_checkpoint(tx.conn, checkpoint_id, {"acks_pending": remaining})
-        if remaining == 0:
-            self._complete(tx, checkpoint_id)
+        if remaining == 0 and self._complete(tx, checkpoint_id):
             return AckOutcome.COMPLETED
         return AckOutcome.ACCEPTED
 
@@ -567,7 +589,8 @@ class Coordinator:
                 },
             )
 
-    def _complete(self, tx: _Tx, checkpoint_id: int) -> None:
+    def _complete(self, tx: _Tx, checkpoint_id: int) -> bool:
+        """Complete a fully acknowledged checkpoint; False if writing its metadata failed."""
         ck = self._checkpoint_row(tx.conn, checkpoint_id)
         record = self._build_record(tx, ck)
         path: str | None = None
@@ -577,7 +600,7 @@ class Coordinator:
                 path, size = self.writer.write_checkpoint(record)
             except Exception as exc:  # storage failed: the checkpoint fails, the run goes on
                 self._abort(tx, checkpoint_id, f"writing checkpoint metadata failed: {exc}")
-                return
+                return False
         now = self.clock()
         self._update_checkpoint(
             tx.conn,
@@ -609,6 +632,7 @@ class Coordinator:
             self._update_stop(
                 tx.conn, stop.request_id, {"state": StopState.COMPLETED.value, "finished_at": now}
             )
+        return True
 
     def _apply_retention(self, tx: _Tx) -> None:
         retain = int(tx.pipeline["retain_checkpoints"])
@@ -750,9 +774,9 @@ class Coordinator:
         if draining and stop is not None:
             rows = self._stage_rows(tx.conn).values()
             if all(StageLifecycle(r["lifecycle"]).is_finished for r in rows):
-                cid = self._trigger(tx, CheckpointKind.DRAINED_SAVEPOINT, TriggerReason.DRAIN)
-                self._set_stop_savepoint(tx, stop.request_id, cid)
-                return cid
+                return self._trigger_after_stop_row(
+                    tx, stop.request_id, CheckpointKind.DRAINED_SAVEPOINT
+                )
         return self._trigger(tx, CheckpointKind.CHECKPOINT, TriggerReason.EAGER_FINAL)
 
     def closable_checkpoint(self, stage_id: str) -> int | None:
@@ -870,6 +894,16 @@ class Coordinator:
             if lifecycle is not StageLifecycle.FINISHED:
                 raise IllegalTransitionError(
                     f"stage {stage_id!r} is {lifecycle}; only a finished stage can close"
+                )
+            stop = self._latest_stop(tx.conn)
+            if (
+                stop is not None
+                and stop.mode is StopMode.SAVEPOINT
+                and stop.state is StopState.REQUESTED
+            ):
+                raise IllegalTransitionError(
+                    f"stage {stage_id!r} cannot close while savepoint {stop.savepoint_id} is in "
+                    "progress: it waits for that savepoint"
                 )
             ck = self._checkpoint_row(tx.conn, checkpoint_id)
             if ck["completed_at"] is None or checkpoint_id < int(row["finish_threshold"]):

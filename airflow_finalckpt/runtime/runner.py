@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from airflow_finalckpt.core.assignment import batches, remaining_splits
 from airflow_finalckpt.core.coordinator import Coordinator
-from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.errors import FinalCheckpointError, IllegalTransitionError
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
     EndOfData,
@@ -82,6 +82,12 @@ class BatchOutput:
     watermark: int | None = None
 
 
+class Log(Protocol):
+    """Any logger with ``info`` (stdlib, or the Task SDK's structlog logger)."""
+
+    def info(self, event: Any, *args: Any, **kw: Any) -> Any: ...
+
+
 class StageLogic(Protocol):
     """What a stage does; the Spark adapter implements it."""
 
@@ -136,7 +142,7 @@ class StageRunner:
         sinks: Sequence[TwoPhaseCommitSink] = (),
         *,
         output_handle: Callable[[Batch, Sequence[str]], StateHandle] | None = None,
-        log: logging.Logger | None = None,
+        log: Log | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_progress: Callable[[Progress], None] | None = None,
         fault: Callable[[str], None] | None = None,
@@ -146,7 +152,7 @@ class StageRunner:
         self.logic = logic
         self.sinks = {s.sink_id: s for s in sinks}
         self.output_handle = output_handle
-        self.log = log or logging.getLogger("airflow_finalckpt.stage")
+        self.log: Log = log or logging.getLogger("airflow_finalckpt.stage")
         self.clock = clock
         self.on_progress = on_progress
         self.fault = fault or (lambda _point: None)
@@ -385,7 +391,11 @@ class StageRunner:
         view = self.coordinator.stage(stage_id)
         if view.lifecycle is not StageLifecycle.CLOSED:
             committed = self.commit_covered()
-            aborted = self.coordinator.close(stage_id, self.epoch, checkpoint_id)
+            try:
+                aborted = self.coordinator.close(stage_id, self.epoch, checkpoint_id)
+            except IllegalTransitionError as exc:  # a savepoint stop started meanwhile
+                self.log.info("stage %s keeps waiting: %s", stage_id, exc)
+                return None
             for txn in aborted:
                 sink = self.sinks.get(txn.sink_id)
                 if sink is not None:

@@ -1,0 +1,70 @@
+"""Helpers shared by the ``finalckpt`` command groups: options and one-line user errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import click
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
+
+from airflow_finalckpt.config import mask_url, resolve_setting
+from airflow_finalckpt.core.errors import ConfigurationError
+
+EXIT_FAILURE = 1
+EXIT_BEHIND = 1
+EXIT_ERROR = 2
+PG_CONNECT_TIMEOUT_S = 10
+
+store_url_option = click.option(
+    "--store-url",
+    metavar="URL",
+    default=None,
+    help="Coordination database URL (default: resolved from AIRFLOW__FINALCKPT__STORE_URL, "
+    "the finalckpt_default connection, airflow.cfg [finalckpt], then AIRFLOW_HOME).",
+)
+
+
+def _fail(message: str, exit_code: int) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    raise click.exceptions.Exit(exit_code)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].strip() if lines else type(exc).__name__
+
+
+@contextmanager
+def _user_errors(url: str | None, exit_code: int) -> Iterator[None]:
+    """Turn the errors a user can cause into one line on stderr and ``exit_code``."""
+    try:
+        yield
+    except ConfigurationError as exc:
+        _fail(str(exc), exit_code)
+    except DBAPIError as exc:
+        where = f"coordination database {mask_url(url)}" if url else "coordination database"
+        problem = "cannot reach" if isinstance(exc, OperationalError) else "error in"
+        _fail(f"{problem} {where}: {_first_line(exc.orig or exc)}", exit_code)
+    except (ModuleNotFoundError, NoSuchModuleError) as exc:
+        _fail(
+            f"database driver missing ({_first_line(exc)}); for PostgreSQL install "
+            "'airflow-finalckpt[postgres]'",
+            exit_code,
+        )
+
+
+def _resolve_store_url(store_url: str | None) -> tuple[str, str]:
+    url, source = resolve_setting("store_url", {"store_url": store_url})
+    return str(url), source
+
+
+def _engine(url: str) -> Engine:
+    """An engine that gives up on an unreachable PostgreSQL instead of hanging."""
+    from airflow_finalckpt.store.engine import make_engine
+
+    if url.startswith("postgresql") and "connect_timeout" not in url:
+        return make_engine(url, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
+    return make_engine(url)

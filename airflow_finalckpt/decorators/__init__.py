@@ -1,0 +1,3 @@
+from airflow_finalckpt.decorators.stage import StageDecorator, finalckpt_stage
+
+__all__ = ["StageDecorator", "finalckpt_stage"]

@@ -1,0 +1,334 @@
+"""The stage operator: one Airflow task runs one pipeline stage on Spark.
+
+``execute`` registers the pipeline graph (the DAG's stage tasks and their edges), restores a
+savepoint named in the DAG run conf (``restore_from``) once, then runs the stage runtime: the
+pending splits in batches of Spark work, finish(), the eager final checkpoint. Waiting for the
+final checkpoint is deferred to the triggerer (no worker slot); ``execute_complete`` commits the
+stage's sink transactions up to that checkpoint, aborts later ones, and only then succeeds, so
+downstream tasks (and Asset consumers) never see uncommitted data.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.graph import Stage, StageGraph
+from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.restore import plan_restore
+from airflow_finalckpt.runtime.runner import CommitMode, RunStatus, StageRunner, StageSpec
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from pyspark.sql import SparkSession
+
+    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+    from airflow_finalckpt.spark.stage import Transform
+
+log = logging.getLogger(__name__)
+
+END_OF_DATA_KEY = "end_of_data"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
+
+
+def default_pipeline_key(dag_id: str, run_id: str) -> str:
+    """One pipeline run per DAG run unless the conf names one (``pipeline_key``)."""
+    return _UNSAFE.sub("-", f"{dag_id}.{run_id}")[:200]
+
+
+class FinalCheckpointStageOperator(BaseOperator):
+    """Run a PySpark stage with exactly-once output committed at its final checkpoint.
+
+    :param transform: ``transform(ctx) -> DataFrame | None`` called per split batch; the frame
+        is the batch's output (read by downstream stages, written to ``sinks``).
+    :param on_finish: called once at finish() (end of input or drain): flush state, e.g. fire
+        every open event-time window.
+    :param splits: the split ids of a source stage (list or callable); a stage with upstream
+        stages defaults to its ``primary_input``'s output parts.
+    :param primary_input: the upstream stage whose output parts are this stage's splits
+        (default: the only upstream stage).
+    :param sinks: two-phase-commit sinks the batch outputs go to.
+    :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
+        run id, or ``dag_run.conf["pipeline_key"]``).
+    :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
+    """
+
+    template_fields: Sequence[str] = ("pipeline_key", "spark_master")
+    ui_color = "#fde2c4"
+
+    def __init__(
+        self,
+        *,
+        transform: Transform | None = None,
+        on_finish: Transform | None = None,
+        stage_id: str | None = None,
+        splits: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+        primary_input: str | None = None,
+        sinks: Sequence[TwoPhaseCommitSink] = (),
+        pipeline_key: str | None = None,
+        batch_size: int = 10,
+        checkpoint_interval: timedelta | float | None = None,
+        commit_mode: CommitMode | str = CommitMode.PROGRESSIVE,
+        spark_master: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        finalckpt_conn_id: str = "finalckpt_default",
+        poll_interval: float = 0.5,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.transform = transform
+        self.on_finish = on_finish
+        self.stage_id = stage_id or self.task_id
+        self.splits = splits
+        self.primary_input = primary_input
+        self.sinks = list(sinks)
+        self.pipeline_key = pipeline_key
+        if batch_size < 1:
+            raise ValueError(f"stage {self.stage_id!r}: batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        if isinstance(checkpoint_interval, timedelta):
+            checkpoint_interval = checkpoint_interval.total_seconds()
+        self.checkpoint_interval = checkpoint_interval
+        self.commit_mode = CommitMode(commit_mode)
+        self.spark_master = spark_master
+        self.spark_conf = dict(spark_conf or {})
+        self.finalckpt_conn_id = finalckpt_conn_id
+        self.poll_interval = poll_interval
+        self._spark: SparkSession | None = None
+
+    # ------------------------------------------------------------------ graph and settings
+
+    def _stage_tasks(self) -> dict[str, FinalCheckpointStageOperator]:
+        return {t.task_id: t for t in self.dag.tasks if isinstance(t, FinalCheckpointStageOperator)}
+
+    def pipeline_graph(self) -> StageGraph:
+        """The pipeline graph: the DAG's stage tasks, edges between them, stable stage ids."""
+        tasks = self._stage_tasks()
+        return StageGraph.build(
+            Stage(
+                stage_id=t.stage_id,
+                upstream=tuple(
+                    sorted(tasks[u].stage_id for u in t.upstream_task_ids if u in tasks)
+                ),
+                task_id=t.task_id,
+            )
+            for t in tasks.values()
+        )
+
+    def _upstream_stage_tasks(self) -> list[FinalCheckpointStageOperator]:
+        tasks = self._stage_tasks()
+        return [tasks[u] for u in sorted(self.upstream_task_ids) if u in tasks]
+
+    def _resolve_key(self, context: Context) -> str:
+        conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
+        key = conf.get("pipeline_key") or self.pipeline_key
+        if not key:
+            key = default_pipeline_key(self.dag_id, context["run_id"])
+        return str(key)
+
+    def _hook(self) -> Any:
+        from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
+
+        return FinalCkptHook(finalckpt_conn_id=self.finalckpt_conn_id)
+
+    # ------------------------------------------------------------------ execution
+
+    def execute(self, context: Context) -> Any:
+        hook = self._hook()
+        settings = hook.get_settings()
+        storage = hook.get_storage()
+        conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
+        restore_from = conf.get("restore_from")
+        record = storage.read_checkpoint(str(restore_from)) if restore_from else None
+        key = record.pipeline_key if record is not None else self._resolve_key(context)
+        coordinator: Coordinator = hook.get_coordinator(key)
+        graph = self.pipeline_graph()
+        coordinator.register(graph)
+        if record is not None:
+            plan = plan_restore(record, graph, pipeline_key=key)
+            if coordinator.restore(plan, record, str(restore_from)):
+                self.log.info("pipeline %s restored: %s", key, plan.describe())
+        self._log_resume_point(coordinator)
+
+        splits, manifests = self._splits(context)
+        from airflow_finalckpt.spark.stage import SparkStageLogic
+
+        spark = self._spark_session()
+        logic = SparkStageLogic(
+            spark,
+            storage,
+            key,
+            self.stage_id,
+            self._transform(),
+            on_finish=self.on_finish,
+            sinks=self.sinks,
+            upstream_manifests=manifests,
+        )
+        interval = self.checkpoint_interval or settings.checkpoint_interval_s
+        runner = StageRunner(
+            coordinator,
+            StageSpec(
+                pipeline_key=key,
+                stage_id=self.stage_id,
+                splits=tuple(splits),
+                batch_size=self.batch_size,
+                checkpoint_interval_s=float(interval),
+                commit_mode=self.commit_mode,
+            ),
+            logic,
+            self.sinks,
+            output_handle=logic.output_handle,
+            log=self.log,
+        )
+        result = runner.run()
+        if result.status is RunStatus.SUSPENDED:
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r} suspended at savepoint {result.savepoint_id}; resume "
+                "the pipeline to continue"
+            )
+        return self._wait_and_close(context, runner, key, settings.store_url)
+
+    def _wait_and_close(
+        self, context: Context, runner: StageRunner, key: str, store_url: str
+    ) -> Any:
+        eod = runner.try_close()
+        if eod is not None:
+            return self._publish(context, eod)
+        from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger
+
+        assert runner.epoch is not None
+        self.log.info("stage %s waits for its final checkpoint (deferred)", self.stage_id)
+        self.defer(
+            trigger=FinalCheckpointTrigger(
+                pipeline_key=key,
+                stage_id=self.stage_id,
+                store_url=store_url,
+                poll_interval=self.poll_interval,
+            ),
+            method_name="execute_complete",
+            kwargs={"pipeline_key": key, "epoch": runner.epoch},
+        )
+
+    def execute_complete(
+        self,
+        context: Context,
+        event: Mapping[str, Any] | None = None,
+        pipeline_key: str = "",
+        epoch: int = 0,
+    ) -> Any:
+        """Back from the triggerer: commit up to the final checkpoint, close, succeed."""
+        event = event or {}
+        status = event.get("status")
+        if status != "closable":
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r}: waiting for the final checkpoint ended with "
+                f"{status!r}: {event.get('message', event)}"
+            )
+        hook = self._hook()
+        coordinator = hook.get_coordinator(pipeline_key)
+        runner = StageRunner(
+            coordinator,
+            StageSpec(pipeline_key=pipeline_key, stage_id=self.stage_id, splits=()),
+            _NoLogic(),
+            self.sinks,
+            log=self.log,
+        )
+        eod = runner.try_close(epoch)
+        if eod is None:
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r}: checkpoint {event.get('checkpoint_id')} was reported "
+                "closable but the stage cannot close"
+            )
+        return self._publish(context, eod)
+
+    def _publish(self, context: Context, eod: EndOfData) -> dict[str, Any]:
+        doc = eod.model_dump(mode="json")
+        context["ti"].xcom_push(key=END_OF_DATA_KEY, value=doc)
+        self.log.info(
+            "stage %s committed: end_of_data drain=%s, %d output parts, finished at checkpoint %s",
+            self.stage_id,
+            eod.drain,
+            len(eod.manifest),
+            eod.finished_at_checkpoint,
+        )
+        return doc
+
+    def _log_resume_point(self, coordinator: Coordinator) -> None:
+        latest = coordinator.latest_completed()
+        view = coordinator.stage(self.stage_id)
+        self.log.info(
+            "pipeline %s: latest completed checkpoint %s; stage %s is %s with %d finished splits",
+            coordinator.pipeline_key,
+            latest.checkpoint_id if latest else None,
+            self.stage_id,
+            view.lifecycle.value,
+            len(view.progress.finished_splits),
+        )
+
+    def _splits(self, context: Context) -> tuple[list[str], dict[str, list[str]]]:
+        manifests: dict[str, list[str]] = {}
+        for up in self._upstream_stage_tasks():
+            doc = context["ti"].xcom_pull(task_ids=up.task_id, key=END_OF_DATA_KEY)
+            if doc is None:
+                raise FinalCheckpointError(
+                    f"stage {self.stage_id!r}: upstream stage {up.stage_id!r} published no "
+                    "end_of_data; it must succeed first"
+                )
+            manifests[up.stage_id] = list(EndOfData.model_validate(doc).manifest)
+        if self.splits is not None:
+            splits = self.splits() if callable(self.splits) else self.splits
+            return list(splits), manifests
+        primary = self.primary_input
+        if primary is None:
+            if len(manifests) != 1:
+                raise FinalCheckpointError(
+                    f"stage {self.stage_id!r} needs `splits` (a source stage) or `primary_input` "
+                    f"(it has {len(manifests)} upstream stages)"
+                )
+            primary = next(iter(manifests))
+        if primary not in manifests:
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r}: primary_input {primary!r} is not an upstream stage"
+            )
+        return manifests[primary], manifests
+
+    def _transform(self) -> Transform:
+        if self.transform is None:
+            raise FinalCheckpointError(f"stage {self.stage_id!r} has no transform")
+        return self.transform
+
+    def _spark_session(self) -> SparkSession:
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.appName(f"finalckpt-{self.dag_id}-{self.task_id}")
+        builder = builder.master(self.spark_master or "local[*]")
+        for k, v in {"spark.ui.enabled": "false", **self.spark_conf}.items():
+            builder = builder.config(k, v)
+        self._spark = builder.getOrCreate()
+        return self._spark
+
+    def on_kill(self) -> None:
+        """Stop the Spark work of this attempt (its uncommitted batch is redone later)."""
+        if self._spark is not None:
+            self._spark.sparkContext.cancelAllJobs()
+            self._spark.stop()
+
+
+class _NoLogic:
+    """Closing needs no Spark: commits are file renames and database transactions."""
+
+    def restore(self, state: Any, watermark: Any) -> None:
+        raise AssertionError("not used")
+
+    def process(self, batch: Any, txn_ids: Any) -> Any:
+        raise AssertionError("not used")
+
+    def finish(self, drain: bool, txn_ids: Any) -> Any:
+        raise AssertionError("not used")
