@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 END_OF_DATA_KEY = "end_of_data"
+#: What this attempt did (status, splits processed, whether Spark was started): the run's record.
+STAGE_RUN_KEY = "stage_run"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
 
 
@@ -160,9 +162,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         splits, manifests = self._splits(context)
         from airflow_finalckpt.spark.stage import SparkStageLogic
 
-        spark = self._spark_session()
         logic = SparkStageLogic(
-            spark,
+            self._spark_session,
             storage,
             key,
             self.stage_id,
@@ -188,6 +189,16 @@ class FinalCheckpointStageOperator(BaseOperator):
             log=self.log,
         )
         result = runner.run()
+        context["ti"].xcom_push(
+            key=STAGE_RUN_KEY,
+            value={
+                "status": result.status.value,
+                "epoch": runner.epoch,
+                "processed_splits": list(result.processed_splits),
+                "skipped_splits": result.skipped_splits,
+                "spark_started": logic.spark_started,
+            },
+        )
         if result.status is RunStatus.SUSPENDED:
             raise FinalCheckpointError(
                 f"stage {self.stage_id!r} suspended at savepoint {result.savepoint_id}; resume "

@@ -101,7 +101,7 @@ class SparkStageLogic:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | Callable[[], SparkSession],
         storage: CheckpointStorage,
         pipeline_key: str,
         stage_id: str,
@@ -111,7 +111,7 @@ class SparkStageLogic:
         sinks: Sequence[TwoPhaseCommitSink] = (),
         upstream_manifests: Mapping[str, list[str]] | None = None,
     ) -> None:
-        self.spark = spark
+        self._spark = spark
         self.storage = storage
         self.pipeline_key = pipeline_key
         self.stage_id = stage_id
@@ -122,6 +122,17 @@ class SparkStageLogic:
         self.handles: dict[str, StateHandle] = {}
         self.pending_state: dict[str, DataFrame] = {}
         self.watermark: int | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        """Created on first use: a stage that is skipped on restore never starts Spark."""
+        if not isinstance(self._spark, SparkSession):
+            self._spark = self._spark()
+        return self._spark
+
+    @property
+    def spark_started(self) -> bool:
+        return isinstance(self._spark, SparkSession)
 
     # -- StageLogic ------------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ def summarize(key: str, days: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--days", type=int, default=30, help="days of 2013 to process (1-365)")
+    parser.add_argument("--days", type=int, default=365, help="days of 2013 to process (1-365)")
     parser.add_argument("--home", type=Path, default=Path("var/example").resolve())
     parser.add_argument("--crash-mid-enrich", action="store_true")
     parser.add_argument("--pipeline-key", default=None)
