@@ -204,10 +204,10 @@ class FinalCheckpointStageOperator(BaseOperator):
                 f"stage {self.stage_id!r} suspended at savepoint {result.savepoint_id}; resume "
                 "the pipeline to continue"
             )
-        return self._wait_and_close(context, runner, key, settings.store_url)
+        return self._wait_and_close(context, runner, key, settings)
 
     def _wait_and_close(
-        self, context: Context, runner: StageRunner, key: str, store_url: str
+        self, context: Context, runner: StageRunner, key: str, settings: Any
     ) -> Any:
         eod = runner.try_close()
         if eod is not None:
@@ -220,8 +220,11 @@ class FinalCheckpointStageOperator(BaseOperator):
             trigger=FinalCheckpointTrigger(
                 pipeline_key=key,
                 stage_id=self.stage_id,
-                store_url=store_url,
+                store_url=settings.store_url,
                 poll_interval=self.poll_interval,
+                storage_uri=settings.storage_uri,
+                storage_options=dict(settings.storage_options),
+                epoch=runner.epoch,
             ),
             method_name="execute_complete",
             kwargs={"pipeline_key": key, "epoch": runner.epoch},

@@ -1,0 +1,1 @@
+"""Airflow plugin of airflow-finalckpt (registered by the ``airflow.plugins`` entry point)."""

@@ -1,0 +1,7 @@
+"""Sensors of airflow-finalckpt."""
+
+from __future__ import annotations
+
+from airflow_finalckpt.sensors.final_checkpoint import FinalCheckpointSensor
+
+__all__ = ["FinalCheckpointSensor"]

@@ -1,0 +1,376 @@
+"""Triggers that wait, in Airflow's triggerer, for a stage's final checkpoint.
+
+A finished stage holds no worker slot while it waits for the checkpoint that lets it close
+(DESIGN.md: "No worker slot while waiting"). Its task defers to ``FinalCheckpointTrigger``,
+which polls the coordination store and resumes the task once the stage may close. Any other task
+can wait for a stage's committed output with ``StageClosedTrigger`` (see FinalCheckpointSensor).
+
+Both triggers run in the triggerer, which has no task context: they reach the store with
+``make_engine(store_url)`` directly, never through Airflow's metadata database, and every
+blocking database call runs in a worker thread (``asyncio.to_thread``), never on the event loop.
+Their kwargs are plain JSON values, so they serialize into the trigger table (where Airflow
+encrypts them) and are rebuilt from ``serialize()`` after a triggerer restart.
+
+Events (a dict payload; every one carries ``pipeline_key`` and ``stage_id``):
+
+- ``{"status": "closable", "checkpoint_id": N}``: the stage may close on checkpoint N;
+- ``{"status": "suspended", "savepoint_id": N, "stop_request_id": R}``: a stop-with-savepoint
+  completed while the stage waited and no checkpoint can close it until the run is resumed;
+- ``{"status": "closed", "checkpoint_id": N}``: the stage is CLOSED, its output committed;
+- ``{"status": "error", "message": ..., "error_type": ...}``: waiting makes no sense any more
+  (unknown pipeline or stage, reset stage, stale attempt, unreachable or newer store...);
+- ``{"status": "timeout", "message": ...}``: the trigger's own deadline passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from airflow_finalckpt.config import load_settings, mask_storage_options, mask_url
+from airflow_finalckpt.core.coordinator import Coordinator, StageView
+from airflow_finalckpt.core.errors import (
+    FinalCheckpointError,
+    UnknownPipelineError,
+    UnknownStageError,
+)
+from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
+from airflow_finalckpt.hooks.finalckpt import shared_engine
+from airflow_finalckpt.storage import CheckpointStorage
+
+STATUS_CLOSABLE = "closable"
+STATUS_SUSPENDED = "suspended"
+STATUS_CLOSED = "closed"
+STATUS_ERROR = "error"
+STATUS_TIMEOUT = "timeout"
+
+#: Consecutive transient store errors (lost connection, locked database) a trigger rides out
+#: before it gives up with an error event.
+TRANSIENT_ERROR_LIMIT = 10
+
+
+class _Poll:
+    """What one poll found: an event payload to fire, or nothing yet."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: dict[str, Any] | None = None) -> None:
+        self.payload = payload
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def stage_view(coordinator: Coordinator, stage_id: str) -> StageView:
+    """The stage's view; UnknownPipelineError (not UnknownStageError) if the whole pipeline is
+    missing, so messages say what is really wrong."""
+    try:
+        return coordinator.stage(stage_id)
+    except UnknownStageError:
+        coordinator.graph()  # raises UnknownPipelineError if the pipeline is not registered
+        raise
+
+
+def _deadline(timeout: float | None, deadline: float | None) -> float | None:
+    if deadline is not None:
+        return float(deadline)
+    if timeout is None:
+        return None
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return time.time() + float(timeout)
+
+
+class _StagePollingTrigger(BaseTrigger):
+    """Polls the coordination store off the event loop until ``_poll`` returns an event."""
+
+    def __init__(
+        self,
+        pipeline_key: str,
+        stage_id: str,
+        store_url: str,
+        poll_interval: float,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        if not poll_interval or poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        self.pipeline_key = pipeline_key
+        self.stage_id = stage_id
+        self.store_url = store_url
+        self.poll_interval = float(poll_interval)
+        self.timeout = None if timeout is None else float(timeout)
+        # An absolute deadline survives a triggerer restart (a relative timeout would restart).
+        self.deadline = _deadline(self.timeout, deadline)
+
+    # ------------------------------------------------------------------ serialization
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {
+            "pipeline_key": self.pipeline_key,
+            "stage_id": self.stage_id,
+            "store_url": self.store_url,
+            "poll_interval": self.poll_interval,
+            "timeout": self.timeout,
+            "deadline": self.deadline,
+        }
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", self._kwargs()
+
+    def _masked_kwargs(self) -> dict[str, Any]:
+        kwargs = self._kwargs()
+        kwargs["store_url"] = mask_url(self.store_url)
+        return kwargs
+
+    def __repr__(self) -> str:
+        # BaseTrigger's repr prints every kwarg: the store password would end up in logs.
+        classpath, _ = self.serialize()
+        return self.repr(classpath, self._masked_kwargs())
+
+    # ------------------------------------------------------------------ polling
+
+    def _event(self, status: str, **fields: Any) -> dict[str, Any]:
+        return {
+            "status": status,
+            "pipeline_key": self.pipeline_key,
+            "stage_id": self.stage_id,
+            **fields,
+        }
+
+    def _poll(self) -> _Poll:
+        """One blocking look at the store (runs in a worker thread)."""
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        return f"stage {self.stage_id!r} of pipeline {self.pipeline_key!r}"
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        transient_errors = 0
+        while True:
+            try:
+                found = await asyncio.to_thread(self._poll)
+                transient_errors = 0
+            except FinalCheckpointError as exc:
+                yield TriggerEvent(self._error(exc))
+                return
+            except Exception as exc:
+                if not _is_transient(exc):
+                    yield TriggerEvent(self._error(exc))
+                    return
+                transient_errors += 1
+                if transient_errors >= TRANSIENT_ERROR_LIMIT:
+                    yield TriggerEvent(
+                        self._error(
+                            exc,
+                            f"coordination store {mask_url(self.store_url)} failed "
+                            f"{transient_errors} times in a row",
+                        )
+                    )
+                    return
+                self.log.warning(
+                    "waiting for %s: coordination store error %d/%d (will retry): %s",
+                    self._where(),
+                    transient_errors,
+                    TRANSIENT_ERROR_LIMIT,
+                    exc,
+                )
+                found = _Poll()
+            if found.payload is not None:
+                self.log.info("%s: %s", self._where(), found.payload)
+                yield TriggerEvent(found.payload)
+                return
+            delay = self.poll_interval
+            if self.deadline is not None:
+                remaining = self.deadline - time.time()
+                if remaining <= 0:
+                    yield TriggerEvent(self._timeout_event())
+                    return
+                delay = min(delay, remaining)
+            await asyncio.sleep(delay)
+
+    def _error(self, exc: BaseException, context: str | None = None) -> dict[str, Any]:
+        message = f"{type(exc).__name__}: {exc}"
+        if context:
+            message = f"{context}: {message}"
+        self.log.error("waiting for %s failed: %s", self._where(), message)
+        return self._event(STATUS_ERROR, message=message, error_type=type(exc).__name__)
+
+    def _timeout_event(self) -> dict[str, Any]:
+        waited = "" if self.timeout is None else f" after {self.timeout:g} s"
+        return self._event(STATUS_TIMEOUT, message=f"timed out{waited} waiting for {self._what()}")
+
+    def _what(self) -> str:
+        raise NotImplementedError
+
+
+class FinalCheckpointTrigger(_StagePollingTrigger):
+    """Waits until a finished stage may close: a qualifying checkpoint completed.
+
+    On every poll it first makes sure a checkpoint that can close the stage is in flight
+    (``ensure_final_checkpoint``: an aborted final checkpoint, or one aborted with a failed
+    savepoint, is replaced at once), then asks for the closable checkpoint.
+
+    :param pipeline_key: the pipeline's key in the coordination store.
+    :param stage_id: the finished stage.
+    :param store_url: SQLAlchemy URL of the coordination store.
+    :param poll_interval: seconds between polls.
+    :param timeout: give up after this many seconds (``timeout`` event); None waits forever.
+    :param storage_uri: checkpoint storage root; checkpoints that complete inside a poll write
+        their ``_metadata`` there. None: resolved with ``load_settings()`` when the trigger is
+        created (in the worker that defers) and serialized from then on.
+    :param storage_options: fsspec options of the checkpoint storage.
+    :param epoch: the deferring attempt's epoch; if a newer attempt took the stage over, the
+        trigger ends with an error event instead of resuming a stale attempt.
+    :param deadline: absolute end (epoch seconds) of the wait; set from ``timeout`` when None.
+    """
+
+    def __init__(
+        self,
+        pipeline_key: str,
+        stage_id: str,
+        store_url: str,
+        poll_interval: float = 0.5,
+        timeout: float | None = None,
+        *,
+        storage_uri: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        epoch: int | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
+        if storage_uri is None:
+            settings = load_settings()
+            storage_uri = settings.storage_uri
+            if storage_options is None:
+                storage_options = settings.storage_options
+        self.storage_uri = storage_uri
+        self.storage_options = dict(storage_options or {})
+        self.epoch = epoch
+        self._coordinator: Coordinator | None = None
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs = super()._kwargs()
+        kwargs.update(
+            storage_uri=self.storage_uri,
+            storage_options=self.storage_options,
+            epoch=self.epoch,
+        )
+        return kwargs
+
+    def _masked_kwargs(self) -> dict[str, Any]:
+        kwargs = super()._masked_kwargs()
+        kwargs["storage_uri"] = mask_url(self.storage_uri)
+        kwargs["storage_options"] = mask_storage_options(self.storage_options)
+        return kwargs
+
+    def _what(self) -> str:
+        return f"the final checkpoint of {self._where()}"
+
+    def _get_coordinator(self) -> Coordinator:
+        if self._coordinator is None:
+            storage = CheckpointStorage(self.storage_uri, self.storage_options)
+            self._coordinator = Coordinator(
+                shared_engine(self.store_url), self.pipeline_key, writer=storage
+            )
+        return self._coordinator
+
+    def _poll(self) -> _Poll:
+        coordinator = self._get_coordinator()
+        view = stage_view(coordinator, self.stage_id)
+        if self.epoch is not None and view.epoch != self.epoch:
+            return _Poll(
+                self._event(
+                    STATUS_ERROR,
+                    message=(
+                        f"{self._where()}: this attempt (epoch {self.epoch}) is stale, epoch "
+                        f"{view.epoch} owns the stage now"
+                    ),
+                    error_type="StaleEpochError",
+                )
+            )
+        if view.lifecycle is StageLifecycle.CLOSED:
+            assert view.closed_checkpoint_id is not None
+            return _Poll(self._event(STATUS_CLOSABLE, checkpoint_id=view.closed_checkpoint_id))
+        if view.lifecycle is not StageLifecycle.FINISHED:
+            return _Poll(
+                self._event(
+                    STATUS_ERROR,
+                    message=(
+                        f"{self._where()} is {view.lifecycle.value}, not FINISHED: there is no "
+                        "final checkpoint to wait for (was the stage reset?)"
+                    ),
+                    error_type="IllegalTransitionError",
+                )
+            )
+        coordinator.ensure_final_checkpoint(self.stage_id)
+        checkpoint_id = coordinator.closable_checkpoint(self.stage_id)
+        if checkpoint_id is not None:
+            return _Poll(self._event(STATUS_CLOSABLE, checkpoint_id=checkpoint_id))
+        stop = coordinator.stop_request()
+        if (
+            stop is not None
+            and stop.mode is StopMode.SAVEPOINT
+            and stop.state is StopState.COMPLETED
+        ):
+            return _Poll(
+                self._event(
+                    STATUS_SUSPENDED,
+                    savepoint_id=stop.savepoint_id,
+                    stop_request_id=stop.request_id,
+                )
+            )
+        return _Poll()
+
+
+class StageClosedTrigger(_StagePollingTrigger):
+    """Waits until a stage is CLOSED: its final checkpoint completed and its output committed.
+
+    Read-only: it never triggers checkpoints. A pipeline or stage that is not registered yet is
+    waited for (the pipeline registers when its DAG run starts), so a sensor may start first.
+
+    :param deadline: absolute end (epoch seconds) of the wait; set from ``timeout`` when None.
+    """
+
+    def __init__(
+        self,
+        pipeline_key: str,
+        stage_id: str,
+        store_url: str,
+        poll_interval: float = 1.0,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
+        self._reported: str | None = None
+
+    def _what(self) -> str:
+        return f"{self._where()} to close (its final checkpoint committed)"
+
+    def _poll(self) -> _Poll:
+        coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
+        try:
+            view = stage_view(coordinator, self.stage_id)
+        except (UnknownPipelineError, UnknownStageError) as exc:
+            self._report(f"not registered yet ({exc})")
+            return _Poll()
+        if view.lifecycle is StageLifecycle.CLOSED:
+            assert view.closed_checkpoint_id is not None
+            return _Poll(self._event(STATUS_CLOSED, checkpoint_id=view.closed_checkpoint_id))
+        self._report(f"is {view.lifecycle.value}")
+        return _Poll()
+
+    def _report(self, state: str) -> None:
+        if state != self._reported:
+            self._reported = state
+            self.log.info("waiting for %s: %s", self._what(), state)

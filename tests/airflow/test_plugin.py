@@ -1,0 +1,103 @@
+"""The plugin loads through the ``airflow.plugins`` entry point, in Airflow's own loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_finalckpt.plugins.finalckpt_plugin import FinalCheckpointPlugin
+
+pytestmark = pytest.mark.usefixtures("airflow_home")
+
+ENTRY_POINT = "airflow_finalckpt.plugins.finalckpt_plugin:FinalCheckpointPlugin"
+
+
+def ours_failed(import_errors: dict[str, str]) -> dict[str, str]:
+    """Import errors of our plugin. A stale ``airflow_finalckpt.egg-info`` beside the sources
+    (on sys.path when Python runs from the checkout) makes importlib.metadata see the package
+    twice; Airflow then skips the second copy as "already registered": not a load failure."""
+    return {
+        k: v for k, v in import_errors.items() if "finalckpt" in k and "already registered" not in v
+    }
+
+
+def test_entry_point_is_installed() -> None:
+    from importlib.metadata import entry_points
+
+    points = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "finalckpt"]
+
+    assert [ep.value for ep in points] == [ENTRY_POINT], (
+        "the package is not installed (pip install -e .) or its entry point changed"
+    )
+    assert points[0].load() is FinalCheckpointPlugin
+
+
+def test_core_plugins_manager_loads_it_without_errors() -> None:
+    from airflow import plugins_manager
+
+    plugins, import_errors = plugins_manager._get_plugins()
+
+    ours = [p for p in plugins if p.name == "finalckpt"]
+    assert len(ours) == 1
+    assert isinstance(ours[0], FinalCheckpointPlugin)
+    assert ENTRY_POINT in str(ours[0].source)
+    assert not ours_failed(import_errors), import_errors
+    info = [i for i in plugins_manager.get_plugin_info() if i["name"] == "finalckpt"]
+    assert len(info) == 1
+
+
+def test_task_sdk_plugins_manager_loads_it() -> None:
+    """Workers load plugins through the Task SDK's own manager (another AirflowPlugin class)."""
+    from airflow.sdk import plugins_manager
+
+    plugins, import_errors = plugins_manager._get_plugins()
+
+    assert [p.name for p in plugins if p.name == "finalckpt"] == ["finalckpt"]
+    assert not ours_failed(import_errors), import_errors
+
+
+def test_plugin_registers_nothing_yet() -> None:
+    """No UI, app or link until they exist: a dangling registration breaks the API server."""
+    for attr in (
+        "fastapi_apps",
+        "fastapi_root_middlewares",
+        "external_views",
+        "react_apps",
+        "global_operator_extra_links",
+        "operator_extra_links",
+        "macros",
+        "listeners",
+        "timetables",
+    ):
+        assert getattr(FinalCheckpointPlugin, attr) == [], attr
+
+
+def test_airflow_plugins_cli_lists_it(airflow_home: Any, tmp_path: Path) -> None:
+    """A fresh process, the way every Airflow component starts: ``airflow`` is imported first,
+    then the entry point (eagerly here, as with ``[core] lazy_load_plugins = False``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["AIRFLOW__CORE__LAZY_LOAD_PLUGINS"] = "False"
+    airflow = Path(sys.executable).with_name("airflow")
+
+    proc = subprocess.run(
+        [str(airflow), "plugins", "--output", "json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start = proc.stdout.index("[")
+    listed = json.loads(proc.stdout[start:])
+    ours = [p for p in listed if p["name"] == "finalckpt"]
+    assert len(ours) == 1, proc.stdout[-3000:]
+    assert ENTRY_POINT in ours[0]["source"]
+    assert "Failed to import plugin" not in proc.stdout + proc.stderr
