@@ -8,6 +8,7 @@ is unreachable, those tests skip, unless ``FINALCKPT_REQUIRE_POSTGRES=1`` (CI): 
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -111,3 +112,8 @@ def isolated_settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("AIRFLOW_HOME", str(home))
     monkeypatch.setattr(config, "_read_airflow_cfg", lambda _name: None)
     yield home
+
+
+# py4j logs "Closing down clientserver connection" from an atexit hook, after pytest closed the
+# captured streams; keep that INFO line out of the way.
+logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -67,8 +67,15 @@ def test_pipeline_sinks_equal_pandas_reference(spark: SparkSession, env: dict) -
         env["storage"],
         env["sinks"],
         batch_sizes=BATCHES,  # type: ignore[arg-type]
+        checkpoint_interval_s=3600.0,
     )
     assert all(r.status is RunStatus.FINISHED for r in run.results.values())
+    # Eager final checkpoints: with a one-hour interval no periodic checkpoint ever ran, yet
+    # every stage closed on the checkpoint its finish triggered (its threshold).
+    reasons = {c.reason.value for c in coord.checkpoints()}
+    assert reasons == {"eager_final"}
+    for view in coord.stages().values():
+        assert view.closed_checkpoint_id == view.finish_threshold
     assert all(v.lifecycle is StageLifecycle.CLOSED for v in coord.stages().values())
     _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
     committed = [t for t, state in coord.transactions() if state == "COMMITTED"]

@@ -60,6 +60,7 @@ def run_example_locally(
     *,
     batch_sizes: Mapping[str, int] | None = None,
     commit_mode: CommitMode = CommitMode.PROGRESSIVE,
+    checkpoint_interval_s: float = 60.0,
     fault: Callable[[str, str], None] | None = None,
     close_timeout_s: float = 60.0,
 ) -> LocalRun:
@@ -93,6 +94,7 @@ def run_example_locally(
                 splits=splits,
                 batch_size=(batch_sizes or {}).get(stage_id, 10),
                 commit_mode=commit_mode,
+                checkpoint_interval_s=checkpoint_interval_s,
             ),
             logic,
             stage_sinks,
