@@ -60,6 +60,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
         run id, or ``dag_run.conf["pipeline_key"]``).
     :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
+    :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
+        connection's master (``spark_default``), else ``local[*]``.
     """
 
     template_fields: Sequence[str] = ("pipeline_key", "spark_master")
@@ -80,6 +82,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         commit_mode: CommitMode | str = CommitMode.PROGRESSIVE,
         spark_master: str | None = None,
         spark_conf: Mapping[str, str] | None = None,
+        spark_conn_id: str = "spark_default",
         finalckpt_conn_id: str = "finalckpt_default",
         poll_interval: float = 0.5,
         **kwargs: Any,
@@ -101,6 +104,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.commit_mode = CommitMode(commit_mode)
         self.spark_master = spark_master
         self.spark_conf = dict(spark_conf or {})
+        self.spark_conn_id = spark_conn_id
         self.finalckpt_conn_id = finalckpt_conn_id
         self.poll_interval = poll_interval
         self._spark: SparkSession | None = None
@@ -322,11 +326,27 @@ class FinalCheckpointStageOperator(BaseOperator):
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName(f"finalckpt-{self.dag_id}-{self.task_id}")
-        builder = builder.master(self.spark_master or "local[*]")
+        builder = builder.master(self.spark_master or self._master_from_connection())
         for k, v in {"spark.ui.enabled": "false", **self.spark_conf}.items():
             builder = builder.config(k, v)
         self._spark = builder.getOrCreate()
         return self._spark
+
+    def _master_from_connection(self) -> str:
+        """The master of the ``spark_conn_id`` connection (parsed by the Spark provider's
+        hook), or ``local[*]`` when that connection does not exist."""
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            BaseHook.get_connection(self.spark_conn_id)
+        except AirflowNotFoundException:
+            return "local[*]"
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        master = SparkSubmitHook(conn_id=self.spark_conn_id)._connection["master"]
+        self.log.info("Spark master %s from connection %s", master, self.spark_conn_id)
+        return str(master)
 
     def on_kill(self) -> None:
         """Stop the Spark work of this attempt (its uncommitted batch is redone later)."""

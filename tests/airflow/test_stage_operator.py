@@ -1,0 +1,52 @@
+"""Stage operator wiring that needs no Spark job: master resolution, graph, templating."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator, default_pipeline_key
+
+
+def _op(**kwargs: Any) -> FinalCheckpointStageOperator:
+    from airflow.sdk import DAG
+
+    with DAG(f"op_{id(kwargs)}", schedule=None, start_date=datetime(2026, 1, 1)):
+        return FinalCheckpointStageOperator(task_id="s", transform=lambda c: None, **kwargs)
+
+
+def test_master_from_spark_default_connection(airflow_home: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
+    assert _op()._master_from_connection() == "local[*]"
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://127.0.0.1:7077")
+    assert _op()._master_from_connection() == "spark://127.0.0.1:7077"
+
+
+def test_default_pipeline_key_is_path_safe() -> None:
+    key = default_pipeline_key("dag", "manual__2026-11-22T03:45:16.123456+00:00")
+    assert key == "dag.manual__2026-11-22T03-45-16.123456-00-00"
+    from airflow_finalckpt.storage import validate_pipeline_key
+
+    assert validate_pipeline_key(key) == key
+
+
+def test_bad_batch_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        _op(batch_size=0)
+
+
+def test_graph_follows_dag_edges_and_stage_ids() -> None:
+    from airflow.sdk import DAG
+
+    with DAG("g", schedule=None, start_date=datetime(2026, 1, 1)):
+        a = FinalCheckpointStageOperator(task_id="a", transform=lambda c: None)
+        b = FinalCheckpointStageOperator(task_id="b", stage_id="b_v1", transform=lambda c: None)
+        c = FinalCheckpointStageOperator(task_id="c", transform=lambda c: None)
+        a >> [b, c]
+        b >> c
+    graph = c.pipeline_graph()
+    assert graph.upstream("c") == ("a", "b_v1")
+    assert graph.stages["b_v1"].airflow_task_id == "b"
+    assert graph.fingerprint == a.pipeline_graph().fingerprint
