@@ -11,11 +11,13 @@ Environment knobs (all optional):
   FINALCKPT_EXAMPLE_DAYS    how many days of 2013 to process (default 365)
   FINALCKPT_EXAMPLE_CRASH   "enrich:N": the first enrich attempt fails after N batches
   FINALCKPT_EXAMPLE_CRASH_HARD=1  ...by killing its process (like SIGKILL) instead of raising
+  FINALCKPT_EXAMPLE_BATCH_DELAY_S seconds to sleep in every enrich batch (tests)
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -59,6 +61,8 @@ with DAG(
 
     @finalckpt_stage(batch_size=1)
     def enrich(ctx):  # type: ignore[no-untyped-def]
+        # Tests slow enrich down to kill it reliably mid-stage.
+        time.sleep(float(os.environ.get("FINALCKPT_EXAMPLE_BATCH_DELAY_S", "0")))
         stages.crash_if_requested(
             ctx,
             os.environ.get("FINALCKPT_EXAMPLE_CRASH"),

@@ -22,6 +22,7 @@ from airflow_finalckpt.cli._shared import (
     store_url_option,
 )
 from airflow_finalckpt.cli.checkpoints import checkpoints
+from airflow_finalckpt.cli.progress import gc, progress
 from airflow_finalckpt.config import mask_url
 
 
@@ -100,3 +101,5 @@ def db_check(store_url: str | None) -> None:
 
 
 main.add_command(checkpoints)
+main.add_command(progress)
+main.add_command(gc)

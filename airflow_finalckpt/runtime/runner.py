@@ -407,6 +407,10 @@ class StageRunner:
                 committed,
                 len(aborted),
             )
+            # Outputs this stage consumed may be collectable now; never raises (logs a warning).
+            from airflow_finalckpt.runtime.gc import collect_after_close
+
+            collect_after_close(self.coordinator, self.logic, self.log)
             view = self.coordinator.stage(stage_id)
         return view.final_snapshot.end_of_data if view.final_snapshot else None
 

@@ -1,0 +1,417 @@
+"""``finalckpt progress`` (per-stage progress bars) and ``finalckpt gc`` (garbage collection).
+
+``progress --pipeline KEY`` shows one bar per stage: finished/total splits, lifecycle
+(NOT_STARTED / RUNNING / FINISHED / SUSPENDED / CLOSED) and where the stage stands in the latest
+checkpoint. ``--watch`` refreshes every ``--interval`` seconds until every stage is CLOSED or
+SUSPENDED (or Ctrl-C); ``--json`` prints one JSON document (with ``--watch``: once, when done).
+
+``gc --pipeline KEY`` deletes intermediate outputs and superseded state nothing needs any more
+(see ``airflow_finalckpt.runtime.gc``); ``--dry-run`` only lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from fsspec.core import url_to_fs
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
+from airflow_finalckpt.cli.checkpoints import info_to_json
+from airflow_finalckpt.core.coordinator import (
+    CheckpointInfo,
+    Coordinator,
+    StageView,
+    StopRequest,
+)
+from airflow_finalckpt.core.errors import FinalCheckpointError, UnknownPipelineError
+from airflow_finalckpt.core.metadata import load_metadata
+from airflow_finalckpt.core.model import (
+    MAX_WATERMARK,
+    CheckpointState,
+    StageLifecycle,
+    StopMode,
+    StopState,
+)
+
+EXIT_FAILURE = 1
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+#: Lifecycles in which a stage will not move without outside help: ``--watch`` stops there.
+SETTLED = frozenset({StageLifecycle.CLOSED, StageLifecycle.SUSPENDED})
+
+_LIFECYCLE_STYLE = {
+    StageLifecycle.NOT_STARTED: "dim",
+    StageLifecycle.RUNNING: "cyan",
+    StageLifecycle.FINISHED: "yellow",
+    StageLifecycle.SUSPENDED: "magenta",
+    StageLifecycle.CLOSED: "green",
+}
+
+pipeline_option = click.option(
+    "--pipeline", "pipeline", required=True, metavar="KEY", help="Pipeline key."
+)
+
+
+def _console() -> Console:
+    """Wide when piped: rich would otherwise cut columns to 80 characters."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _when(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _coordinator(store_url: str | None, pipeline: str) -> Coordinator:
+    from airflow_finalckpt.store.engine import make_engine
+
+    url, _ = _resolve_store_url(store_url)
+    return Coordinator(make_engine(url), pipeline)
+
+
+@contextmanager
+def _errors(store_url: str | None) -> Iterator[None]:
+    """User errors (unknown pipeline, bad configuration, database down) end in one line."""
+    with _user_errors(store_url, EXIT_ERROR):
+        try:
+            yield
+        except UnknownPipelineError as exc:
+            _fail(f"{exc} (see `finalckpt checkpoints list` for the keys in use)", EXIT_ERROR)
+        except FinalCheckpointError as exc:
+            _fail(str(exc), EXIT_ERROR)
+
+
+# ---------------------------------------------------------------------------- progress model
+
+
+_RECORD_CACHE: dict[str, dict[str, str]] = {}
+
+
+def recorded_statuses(info: CheckpointInfo) -> dict[str, str]:
+    """Every stage's status as the checkpoint recorded it: from its ``_metadata`` (where the
+    acknowledgements refined RUNNING into PARTIALLY_FINISHED), else from its plan."""
+    path = info.metadata_path
+    if path is not None:
+        if path not in _RECORD_CACHE:
+            try:
+                fs, fs_path = url_to_fs(path)
+                record = load_metadata(bytes(fs.cat_file(fs_path)), source=path)
+                _RECORD_CACHE[path] = {s: r.status.value for s, r in record.stages.items()}
+            except Exception:  # unreadable here (credentials, discarded): the plan will do
+                return {s: v.value for s, v in info.plan.statuses.items()}
+        return _RECORD_CACHE[path]
+    return {s: v.value for s, v in info.plan.statuses.items()}
+
+
+def _stage_checkpoint(
+    view: StageView, latest: CheckpointInfo | None, statuses: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """Where the stage stands in the checkpoints: closed on one, waiting for its final one, or
+    its status in the latest completed checkpoint."""
+    if view.lifecycle is StageLifecycle.CLOSED and view.closed_checkpoint_id is not None:
+        return {"checkpoint_id": view.closed_checkpoint_id, "status": "CLOSED_ON"}
+    if view.lifecycle is StageLifecycle.FINISHED and view.finish_threshold is not None:
+        return {"checkpoint_id": view.finish_threshold, "status": "WAITING_FOR_FINAL"}
+    if latest is None:
+        return None
+    return {"checkpoint_id": latest.checkpoint_id, "status": statuses.get(view.stage_id)}
+
+
+def _settled(views: Mapping[str, StageView], stop: StopRequest | None) -> bool:
+    """Every stage CLOSED or SUSPENDED; after a completed stop with savepoint, stages that never
+    started stay NOT_STARTED until a resume, so they count as settled too."""
+    settled = set(SETTLED)
+    if stop is not None and stop.mode is StopMode.SAVEPOINT and stop.state is StopState.COMPLETED:
+        settled.add(StageLifecycle.NOT_STARTED)
+    return all(v.lifecycle in settled for v in views.values())
+
+
+def progress_document(coordinator: Coordinator) -> dict[str, Any]:
+    """The ``progress --json`` document; raises UnknownPipelineError for an unknown key."""
+    graph = coordinator.graph()
+    views = coordinator.stages()
+    history = coordinator.checkpoints(limit=50)
+    latest = history[0] if history else None
+    completed = next((c for c in history if c.state is CheckpointState.COMPLETED), None)
+    if completed is None and latest is not None:
+        completed = coordinator.latest_completed()
+    stop = coordinator.stop_request()
+    statuses = recorded_statuses(completed) if completed is not None else {}
+    stages: list[dict[str, Any]] = []
+    order = [s for s in graph.topological_order() if s in views]
+    for sid in order + sorted(set(views) - set(order)):
+        view = views[sid]
+        done = len(view.progress.finished_splits)
+        total = view.total_splits
+        watermark = view.progress.watermark
+        stages.append(
+            {
+                "stage_id": sid,
+                "lifecycle": view.lifecycle.value,
+                "epoch": view.epoch,
+                "finished_splits": done,
+                "total_splits": total,
+                "percent": round(100.0 * done / total, 1) if total else None,
+                "watermark": "+inf" if watermark == MAX_WATERMARK else watermark,
+                "finish_threshold": view.finish_threshold,
+                "closed_checkpoint_id": view.closed_checkpoint_id,
+                "checkpoint": _stage_checkpoint(view, completed, statuses),
+            }
+        )
+    return {
+        "pipeline_key": coordinator.pipeline_key,
+        "done": _settled(views, stop),
+        "stages": stages,
+        "latest_checkpoint": None if latest is None else info_to_json(latest),
+        "latest_completed": None if completed is None else info_to_json(completed),
+        "stop": None
+        if stop is None
+        else {
+            "mode": stop.mode.value,
+            "state": stop.state.value,
+            "savepoint_id": stop.savepoint_id,
+            "requested_by": stop.requested_by,
+            "failure_reason": stop.failure_reason,
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def _checkpoint_text(stage: Mapping[str, Any]) -> str:
+    ck = stage["checkpoint"]
+    if ck is None:
+        return "no checkpoint yet"
+    if ck["status"] == "CLOSED_ON":
+        return f"closed on chk {ck['checkpoint_id']}"
+    if ck["status"] == "WAITING_FOR_FINAL":
+        return f"waiting for final chk >= {ck['checkpoint_id']}"
+    return f"chk {ck['checkpoint_id']}: {ck['status'] or 'not in it'}"
+
+
+def _header(doc: Mapping[str, Any]) -> Text:
+    text = Text(f"pipeline {doc['pipeline_key']}", style="bold")
+    latest = doc["latest_checkpoint"]
+    if latest is None:
+        text.append("  no checkpoint yet")
+    else:
+        text.append(
+            f"  latest checkpoint {latest['checkpoint_id']} ({latest['kind']}, "
+            f"{latest['state']}, triggered {_when(latest['triggered_at'])})"
+        )
+        completed = doc["latest_completed"]
+        if completed is not None and completed["checkpoint_id"] != latest["checkpoint_id"]:
+            text.append(f"; latest completed {completed['checkpoint_id']}")
+    stop = doc["stop"]
+    if stop is not None:
+        text.append(f"  stop: {stop['mode']} {stop['state']}")
+        if stop["savepoint_id"] is not None:
+            text.append(f" (savepoint {stop['savepoint_id']})")
+    return text
+
+
+class _SplitsColumn(ProgressColumn):
+    """finished/total splits; ``?`` while the total is unknown (the stage has not started)."""
+
+    def render(self, task: Task) -> Text:
+        total = task.fields["total_splits"]
+        width = len(str(total)) if total is not None else 1
+        shown = "?" if total is None else str(total)
+        return Text(f"{task.fields['done']:>{width}}/{shown}", style="progress.download")
+
+
+def render(doc: Mapping[str, Any]) -> RenderableType:
+    """A header line and one progress bar per stage."""
+    width = max([len(s["stage_id"]) for s in doc["stages"]] + [5])
+    bars = Progress(
+        TextColumn(f"{{task.fields[stage]:<{width}}}"),
+        BarColumn(bar_width=30),
+        _SplitsColumn(),
+        TextColumn("{task.fields[pct]:>6}"),
+        TextColumn("{task.fields[lifecycle]}"),
+        TextColumn("{task.fields[checkpoint]}"),
+        auto_refresh=False,
+        expand=False,
+    )
+    for stage in doc["stages"]:
+        lifecycle = StageLifecycle(stage["lifecycle"])
+        style = _LIFECYCLE_STYLE[lifecycle]
+        total = stage["total_splits"]
+        bars.add_task(
+            stage["stage_id"],
+            total=total if total else 1,  # unknown total: an empty bar, not a pulsing one
+            completed=stage["finished_splits"] if total else 0,
+            done=stage["finished_splits"],
+            total_splits=total,
+            stage=stage["stage_id"],
+            pct="" if stage["percent"] is None else f"{stage['percent']:.0f}%",
+            lifecycle=f"[{style}]{lifecycle.value:<11}[/{style}]",
+            checkpoint=_checkpoint_text(stage),
+        )
+    if not doc["stages"]:
+        return Group(_header(doc), Text("no stages registered"))
+    return Group(_header(doc), bars.get_renderable())
+
+
+def _fingerprint(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, default=str)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+@click.command("progress")
+@pipeline_option
+@click.option("--watch", is_flag=True, help="Refresh until every stage is CLOSED or SUSPENDED.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between refreshes with --watch.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@store_url_option
+def progress(
+    pipeline: str, watch: bool, interval: float, as_json: bool, store_url: str | None
+) -> None:
+    """Show every stage's progress: splits, lifecycle and latest checkpoint."""
+    with _errors(store_url):
+        coordinator = _coordinator(store_url, pipeline)
+        doc = progress_document(coordinator)
+    if not watch:
+        _emit(doc, as_json)
+        return
+    try:
+        doc = _watch(coordinator, doc, interval, as_json, store_url)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+
+
+def _emit(doc: Mapping[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        _console().print(render(doc))
+
+
+def _watch(
+    coordinator: Coordinator,
+    doc: dict[str, Any],
+    interval: float,
+    as_json: bool,
+    store_url: str | None,
+) -> dict[str, Any]:
+    """Poll until done. On a terminal: one live display; piped: a snapshot per change; with
+    --json: silent (the caller prints the final document)."""
+    console = _console()
+
+    def poll() -> dict[str, Any]:
+        time.sleep(interval)
+        with _errors(store_url):
+            return progress_document(coordinator)
+
+    if as_json:
+        while not doc["done"]:
+            doc = poll()
+        return doc
+    if console.is_terminal:
+        with Live(render(doc), console=console, auto_refresh=False) as live:
+            while not doc["done"]:
+                doc = poll()
+                live.update(render(doc), refresh=True)
+        return doc
+    console.print(render(doc))
+    last = _fingerprint(doc)
+    while not doc["done"]:
+        doc = poll()
+        if _fingerprint(doc) != last:
+            last = _fingerprint(doc)
+            console.print(render(doc))
+    return doc
+
+
+@click.command("gc")
+@pipeline_option
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option(
+    "--grace",
+    "grace_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="S",
+    help="Never delete files younger than this many seconds (default: 600).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@store_url_option
+def gc(
+    pipeline: str, dry_run: bool, grace_s: float | None, as_json: bool, store_url: str | None
+) -> None:
+    """Delete intermediate outputs and superseded state no stage or checkpoint needs.
+
+    Output parts are kept while a downstream stage is not CLOSED or a retained checkpoint would
+    re-read them; state while the live pipeline or a retained checkpoint references it. The
+    checkpoint storage comes from the finalckpt settings (AIRFLOW__FINALCKPT__STORAGE_URI).
+    """
+    from airflow_finalckpt.config import load_settings
+    from airflow_finalckpt.runtime.gc import DEFAULT_GRACE_S, collect_garbage
+    from airflow_finalckpt.storage import CheckpointStorage
+
+    with _errors(store_url):
+        settings = load_settings({"store_url": store_url} if store_url else None)
+        coordinator = _coordinator(store_url, pipeline)
+        coordinator.graph()  # an unknown pipeline fails here, before storage is touched
+        storage = CheckpointStorage(settings.storage_uri, settings.storage_options)
+        report = collect_garbage(
+            coordinator,
+            storage,
+            dry_run=dry_run,
+            grace_s=DEFAULT_GRACE_S if grace_s is None else grace_s,
+        )
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        console = _console()
+        console.print(report.summary())
+        console.print(f"pipeline directory: {report.pipeline_dir}")
+        if report.deleted:
+            table = Table(title="would delete" if dry_run else "deleted")
+            for column in ("path", "files", "bytes"):
+                table.add_column(column)
+            for entry in report.deleted:
+                table.add_row(
+                    entry.path + ("/" if entry.is_dir else ""), str(entry.files), str(entry.bytes)
+                )
+            console.print(table)
+        if report.kept:
+            table = Table(title="kept")
+            for column in ("path", "because", "detail"):
+                table.add_column(column)
+            for kept in report.kept:
+                table.add_row(kept.path, kept.reason.value, kept.detail)
+            console.print(table)
+        for note in report.notes:
+            console.print(f"note: {note}")
+        for error in report.errors:
+            click.echo(f"error: {error}", err=True)
+    if report.errors:
+        raise click.exceptions.Exit(EXIT_FAILURE)

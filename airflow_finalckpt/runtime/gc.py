@@ -1,0 +1,741 @@
+"""Garbage collection of intermediate outputs and superseded state.
+
+A pipeline directory holds, besides the ``chk-<id>/`` checkpoint directories (owned by
+checkpoint retention, never touched here)::
+
+    data/<stage>/<batch key>/            an output part (Parquet, read by downstream stages)
+    data/<stage>/_parts/<batch key>.json the output handle listing it (``output:<part>,...``)
+    state/<stage>/<name>/<uuid>/         a state frame (keyed or stage-global state)
+    state/<stage>/<name>/<uuid>.json     its handle (``state:<name>`` / ``global:<name>``)
+
+Every batch writes new files; the coordinator and the checkpoints reference some of them.
+``collect_garbage`` deletes the *units* (the entries one level below ``data/<stage>/``,
+``data/<stage>/_parts/`` and ``state/<stage>/<name>/``) that nothing references any more:
+
+- referenced are the state handles (their files, the output parts they name and the data
+  directories their JSON documents name) and the end_of_data manifests of every stage's current
+  progress and final snapshot, of every retained checkpoint and savepoint (COMPLETED, read from
+  their ``_metadata``) and of the acknowledgements of pending checkpoints (they become retained
+  checkpoints when they complete);
+- except: the output parts of a stage S that has downstream stages are needed only while one of
+  them is not CLOSED, or a retained or pending checkpoint records one of them as not
+  FULLY_FINISHED (a restore would re-read them). A stage without downstream stages keeps its
+  parts: they are the pipeline's result, not intermediate data;
+- a unit whose newest file is younger than the grace period is kept (a batch in flight in
+  another process has not been recorded yet), and so is any unit of a RUNNING stage newer than
+  that stage's last recorded batch (a batch that runs longer than the grace period).
+
+Deleting is idempotent and safe to run concurrently with other collectors and with running
+stages: files that vanish meanwhile are fine. The scaffolding directories (``data/``,
+``data/<stage>/``, ``data/<stage>/_parts/``, ``state/`` ...) are never removed, so a writer that
+just created one never loses it. A retained checkpoint whose ``_metadata`` cannot be read (corrupt,
+written by a newer version, I/O error) blocks the run: nothing is deleted, GcBlockedError says
+why, because what it references is unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from sqlalchemy import and_, select
+
+from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, StageView
+from airflow_finalckpt.core.errors import (
+    FinalCheckpointError,
+    InvalidGraphError,
+    MetadataError,
+    UnsafePathError,
+)
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import (
+    CheckpointRecord,
+    CheckpointState,
+    EndOfData,
+    StageLifecycle,
+    StageSnapshot,
+    StageStatus,
+    StateHandle,
+)
+from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX
+from airflow_finalckpt.storage import CheckpointStorage, validate_state_path
+from airflow_finalckpt.store import schema as t
+
+log = logging.getLogger(__name__)
+
+#: Files younger than this are never collected (a batch in flight elsewhere has not recorded them).
+DEFAULT_GRACE_S = 600.0
+DATA_DIR = "data"
+STATE_DIR = "state"
+PARTS_DIR = "_parts"
+_ROOTS = (DATA_DIR, STATE_DIR)
+
+
+class GcBlockedError(FinalCheckpointError):
+    """Garbage collection cannot tell what is referenced, so it deletes nothing."""
+
+
+class KeepReason(StrEnum):
+    REFERENCED = "referenced"
+    GRACE = "grace"
+    IN_FLIGHT = "in_flight"
+
+
+@dataclass(frozen=True)
+class GcEntry:
+    """A unit deleted (or, in a dry run, to be deleted); path relative to the pipeline dir."""
+
+    path: str
+    is_dir: bool
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class KeptEntry:
+    path: str
+    reason: KeepReason
+    detail: str
+
+
+@dataclass(frozen=True)
+class GcReport:
+    pipeline_key: str
+    pipeline_dir: str
+    dry_run: bool
+    grace_s: float
+    deleted: tuple[GcEntry, ...] = ()
+    kept: tuple[KeptEntry, ...] = ()
+    notes: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(e.bytes for e in self.deleted)
+
+    @property
+    def files_deleted(self) -> int:
+        return sum(e.files for e in self.deleted)
+
+    @property
+    def dirs_deleted(self) -> int:
+        return sum(1 for e in self.deleted if e.is_dir)
+
+    @property
+    def deleted_paths(self) -> list[str]:
+        return [e.path for e in self.deleted]
+
+    def kept_because(self, reason: KeepReason) -> dict[str, str]:
+        return {k.path: k.detail for k in self.kept if k.reason is reason}
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return (
+            f"gc of {self.pipeline_key}: {verb} {len(self.deleted)} entries "
+            f"({self.files_deleted} files, {self.bytes_freed} bytes), kept {len(self.kept)}"
+            + (f", {len(self.errors)} errors" if self.errors else "")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline_key": self.pipeline_key,
+            "pipeline_dir": self.pipeline_dir,
+            "dry_run": self.dry_run,
+            "grace_s": self.grace_s,
+            "bytes_freed": self.bytes_freed,
+            "files_deleted": self.files_deleted,
+            "dirs_deleted": self.dirs_deleted,
+            "deleted": [
+                {"path": e.path, "is_dir": e.is_dir, "files": e.files, "bytes": e.bytes}
+                for e in self.deleted
+            ],
+            "kept": [
+                {"path": k.path, "reason": k.reason.value, "detail": k.detail} for k in self.kept
+            ],
+            "notes": list(self.notes),
+            "errors": list(self.errors),
+        }
+
+
+# ---------------------------------------------------------------------------- references
+
+
+@dataclass
+class _Refs:
+    """What is referenced, and by whom (for the report)."""
+
+    paths: dict[str, set[str]] = field(default_factory=dict)
+    #: stage id -> output part -> who names it
+    parts: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, relpath: str, source: str) -> None:
+        path = _normalize(relpath)
+        if path is None:
+            self.notes.append(f"ignored invalid path {relpath!r} named by {source}")
+            return
+        self.paths.setdefault(path, set()).add(source)
+
+    def add_part(self, stage_id: str, relpath: str, source: str) -> None:
+        path = _normalize(relpath)
+        if path is None:
+            self.notes.append(f"ignored invalid output part {relpath!r} named by {source}")
+            return
+        self.parts.setdefault(stage_id, {}).setdefault(path, set()).add(source)
+
+
+def _normalize(relpath: str) -> str | None:
+    if not isinstance(relpath, str):
+        return None
+    path = relpath.strip().rstrip("/")
+    while path.startswith("./"):
+        path = path[2:]
+    try:
+        validate_state_path(path)
+    except UnsafePathError:
+        return None
+    return path
+
+
+def _parts_of(handle: StateHandle) -> list[str]:
+    return [p for p in handle.name[len(OUTPUT_PREFIX) :].split(",") if p]
+
+
+class _Collector:
+    def __init__(
+        self, coordinator: Coordinator, storage: CheckpointStorage, grace_s: float, now: float
+    ) -> None:
+        self.coordinator = coordinator
+        self.storage = storage
+        self.key = coordinator.pipeline_key
+        self.fs: AbstractFileSystem = storage.fs
+        self.base = str(self.fs._strip_protocol(storage.pipeline_dir(self.key))).rstrip("/")
+        self.grace_s = grace_s
+        self.now = now
+        self.refs = _Refs()
+        self._docs: dict[tuple[str, str], str | None] = {}
+
+    # -- reading references ------------------------------------------------------------------
+
+    def fs_path(self, relpath: str) -> str:
+        return f"{self.base}/{relpath}"
+
+    def _doc_path(self, handle: StateHandle) -> str | None:
+        """The data directory a state handle's JSON document names (cached per file)."""
+        cache_key = (handle.path, handle.sha256)
+        if cache_key not in self._docs:
+            found: str | None = None
+            try:
+                doc = json.loads(bytes(self.fs.cat_file(self.fs_path(handle.path))))
+                if isinstance(doc, dict) and isinstance(doc.get("path"), str):
+                    found = doc["path"]
+            except FileNotFoundError:
+                self.refs.notes.append(
+                    f"state handle {handle.name!r} file {handle.path} is missing"
+                )
+            except (ValueError, OSError) as exc:
+                self.refs.notes.append(
+                    f"state handle {handle.name!r} file {handle.path} is unreadable: {exc}"
+                )
+            self._docs[cache_key] = found
+        return self._docs[cache_key]
+
+    def add_handles(
+        self,
+        stage_id: str,
+        handles: Iterable[StateHandle],
+        end_of_data: EndOfData | None,
+        source: str,
+    ) -> None:
+        for handle in handles:
+            self.refs.add(handle.path, source)
+            if handle.name.startswith(OUTPUT_PREFIX):
+                for part in _parts_of(handle):
+                    self.refs.add_part(stage_id, part, source)
+                continue
+            if handle.path.endswith(".json"):
+                # Convention: the data directory sits beside its handle; keep it even if the
+                # handle document cannot be read.
+                self.refs.add(handle.path[: -len(".json")], source)
+                doc_path = self._doc_path(handle)
+                if doc_path is not None:
+                    self.refs.add(doc_path, source)
+        if end_of_data is not None:
+            for part in end_of_data.manifest:
+                self.refs.add_part(stage_id, part, f"{source} (end_of_data)")
+
+    def add_snapshot(self, stage_id: str, snap: StageSnapshot, source: str) -> None:
+        self.add_handles(stage_id, snap.state, snap.end_of_data, source)
+
+    def add_live(self, views: Mapping[str, StageView]) -> None:
+        for sid, view in views.items():
+            self.add_snapshot(sid, view.progress, f"stage {sid} progress ({view.lifecycle})")
+            if view.final_snapshot is not None:
+                self.add_snapshot(sid, view.final_snapshot, f"stage {sid} final snapshot")
+
+    def pending_acks(self) -> dict[int, dict[str, bool]]:
+        """Snapshots pending checkpoints were acknowledged with (they will be recorded as is);
+        returns checkpoint id -> stage id -> acknowledged by finish."""
+        acks, cks = t.acks, t.checkpoints
+        query = (
+            select(acks.c.checkpoint_id, acks.c.stage_id, acks.c.by_finish, acks.c.snapshot)
+            .join(
+                cks,
+                and_(
+                    cks.c.pipeline_key == acks.c.pipeline_key,
+                    cks.c.checkpoint_id == acks.c.checkpoint_id,
+                ),
+            )
+            .where(
+                acks.c.pipeline_key == self.key,
+                cks.c.state == CheckpointState.PENDING.value,
+            )
+        )
+        result: dict[int, dict[str, bool]] = {}
+        with self.coordinator.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        for cid, sid, by_finish, snapshot in rows:
+            snap = StageSnapshot.model_validate(snapshot or {})
+            self.add_snapshot(str(sid), snap, f"pending checkpoint {cid} (acknowledged)")
+            result.setdefault(int(cid), {})[str(sid)] = bool(by_finish)
+        return result
+
+    def read_record(self, info: CheckpointInfo) -> CheckpointRecord | None:
+        """A retained checkpoint's metadata; None (with a note) if it no longer exists."""
+        label = f"{info.kind} {info.checkpoint_id}"
+        path = info.metadata_path
+        if path is None:
+            self.refs.notes.append(f"{label} has no metadata file: nothing can restore from it")
+            return None
+        try:
+            try:
+                return self.storage.read_checkpoint(path)
+            except UnsafePathError:
+                # Restored from a path outside this storage root: read it where it is.
+                return _storage_at(path).read_checkpoint(path)
+        except MetadataError as exc:
+            if not _exists(self.fs if "://" not in path else None, path):
+                self.refs.notes.append(f"{label}: metadata {path} is gone (discarded)")
+                return None
+            raise GcBlockedError(
+                f"cannot collect garbage of pipeline {self.key!r}: retained {label} at {path} "
+                f"is unreadable, so what it references is unknown ({exc}); remove or repair it"
+            ) from exc
+        except FinalCheckpointError as exc:
+            raise GcBlockedError(
+                f"cannot collect garbage of pipeline {self.key!r}: retained {label} at {path} "
+                f"cannot be read ({exc})"
+            ) from exc
+
+
+def _storage_at(path: str) -> CheckpointStorage:
+    """A storage rooted two levels above a checkpoint directory (<root>/<key>/chk-<id>)."""
+    chk_dir = posixpath.dirname(path) if path.rstrip("/").endswith("_metadata") else path
+    root = posixpath.dirname(posixpath.dirname(chk_dir.rstrip("/"))) or "/"
+    return CheckpointStorage(root)
+
+
+def _exists(fs: AbstractFileSystem | None, path: str) -> bool:
+    try:
+        if fs is None:
+            from fsspec.core import url_to_fs
+
+            fs, path = url_to_fs(path)
+        fs.invalidate_cache(path)
+        return bool(fs.exists(path))
+    except Exception:
+        return True  # cannot tell: assume it exists (the conservative answer)
+
+
+# ---------------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class _Unit:
+    relpath: str
+    is_dir: bool
+
+
+@dataclass(frozen=True)
+class _Stats:
+    files: int
+    bytes: int
+    newest: float | None
+
+
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def _is_scaffolding(parts: tuple[str, ...]) -> bool:
+    """Directories of the layout itself: listed, never deleted."""
+    if parts[0] == DATA_DIR:
+        return len(parts) <= 2 or (len(parts) == 3 and parts[2] == PARTS_DIR)
+    return parts[0] == STATE_DIR and len(parts) <= 3
+
+
+def _stage_of(relpath: str) -> str | None:
+    parts = relpath.split("/")
+    return parts[1] if len(parts) >= 3 and parts[0] in _ROOTS else None
+
+
+class _Files:
+    def __init__(self, fs: AbstractFileSystem, base: str) -> None:
+        self.fs = fs
+        self.base = base
+
+    def _ls(self, fs_path: str) -> list[dict[str, Any]]:
+        try:
+            return list(self.fs.ls(fs_path, detail=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def units(self) -> list[_Unit]:
+        self.fs.invalidate_cache(self.base)
+        found: list[_Unit] = []
+        todo = list(_ROOTS)
+        while todo:
+            rel = todo.pop()
+            for info in self._ls(f"{self.base}/{rel}"):
+                name = posixpath.basename(str(info["name"]).rstrip("/"))
+                if name in ("", ".", ".."):
+                    continue
+                child = f"{rel}/{name}"
+                is_dir = info.get("type") == "directory"
+                if is_dir and _is_scaffolding(tuple(child.split("/"))):
+                    todo.append(child)
+                else:
+                    found.append(_Unit(child, is_dir))
+        return sorted(found, key=lambda u: u.relpath)
+
+    def stats(self, unit: _Unit) -> _Stats:
+        fs_path = f"{self.base}/{unit.relpath}"
+        try:
+            own = self.fs.info(fs_path)
+        except FileNotFoundError:
+            return _Stats(0, 0, None)
+        if not unit.is_dir:
+            return _Stats(1, int(own.get("size") or 0), _mtime(own))
+        try:
+            entries = self.fs.find(fs_path, withdirs=True, detail=True)
+        except FileNotFoundError:
+            entries = {}
+        # Directories on object stores have no modification time: only files must have one.
+        dir_times = [_mtime(own)]
+        file_times: list[float | None] = []
+        files = size = 0
+        for info in entries.values():
+            if info.get("type") == "directory":
+                dir_times.append(_mtime(info))
+            else:
+                files += 1
+                size += int(info.get("size") or 0)
+                file_times.append(_mtime(info))
+        if any(x is None for x in file_times):
+            return _Stats(files, size, None)
+        known = [x for x in (*dir_times, *file_times) if x is not None]
+        return _Stats(files, size, max(known) if known else None)
+
+    def mtime(self, relpath: str) -> float | None:
+        try:
+            return _mtime(self.fs.info(f"{self.base}/{relpath}"))
+        except FileNotFoundError:
+            return None
+
+    def remove(self, unit: _Unit) -> bool:
+        """Delete a unit; False if it was already gone (another collector was faster)."""
+        fs_path = f"{self.base}/{unit.relpath}"
+        for _attempt in range(3):
+            try:
+                if unit.is_dir:
+                    self.fs.rm(fs_path, recursive=True)
+                else:
+                    self.fs.rm_file(fs_path)
+                return True
+            except FileNotFoundError:
+                # Deleted concurrently, wholly or in part: done once it no longer exists.
+                self.fs.invalidate_cache(fs_path)
+                if not self.fs.exists(fs_path):
+                    return False
+        self.fs.rm(fs_path, recursive=unit.is_dir)
+        return True
+
+
+class _Index:
+    """Referenced paths with their sources; answers "is this unit referenced?" in O(depth)."""
+
+    def __init__(self, referenced: Mapping[str, set[str]]) -> None:
+        self.exact = referenced
+        #: a directory -> sources of the references below it
+        self.below: dict[str, set[str]] = {}
+        for path, sources in referenced.items():
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                self.below.setdefault("/".join(parts[:depth]), set()).update(sources)
+
+    def sources(self, relpath: str) -> set[str] | None:
+        """Sources of every reference equal to, inside or containing ``relpath``."""
+        found = set(self.exact.get(relpath, ())) | self.below.get(relpath, set())
+        parts = relpath.split("/")
+        for depth in range(1, len(parts)):
+            found |= self.exact.get("/".join(parts[:depth]), set())
+        return found or None
+
+
+# ---------------------------------------------------------------------------- the collector
+
+
+def collect_garbage(
+    coordinator: Coordinator,
+    storage: CheckpointStorage,
+    *,
+    dry_run: bool = False,
+    grace_s: float = DEFAULT_GRACE_S,
+    clock: Callable[[], float] = time.time,
+) -> GcReport:
+    """Delete the intermediate outputs and superseded state nothing needs any more.
+
+    See the module docstring for the rules. Raises UnknownPipelineError for an unregistered
+    pipeline and GcBlockedError (deleting nothing) when a retained checkpoint is unreadable.
+    """
+    if grace_s < 0:
+        raise ValueError(f"grace period must be >= 0 seconds, got {grace_s}")
+    graph = coordinator.graph()
+    col = _Collector(coordinator, storage, grace_s, clock())
+    key = coordinator.pipeline_key
+
+    # Read order matters against concurrent progress: live state, then the acknowledgements of
+    # pending checkpoints, then completed checkpoints, then live state again. A snapshot that
+    # becomes referenced meanwhile is caught by a later read (or is newer than the grace period).
+    live_first = coordinator.stages()
+    col.add_live(live_first)
+    pending_acks = col.pending_acks()
+    infos = coordinator.checkpoints()
+    records: list[tuple[CheckpointInfo, CheckpointRecord]] = []
+    for info in infos:
+        if info.state is CheckpointState.COMPLETED:
+            record = col.read_record(info)
+            if record is None:
+                continue
+            records.append((info, record))
+            label = f"{info.kind} {info.checkpoint_id}"
+            for sid, rec in record.stages.items():
+                col.add_handles(sid, rec.state, rec.end_of_data, label)
+    live = coordinator.stages()
+    col.add_live(live)
+
+    needed_by = _parts_needed(graph, live_first, live, records, infos, pending_acks, col.refs)
+    referenced: dict[str, set[str]] = {p: set(s) for p, s in col.refs.paths.items()}
+    for sid, parts in col.refs.parts.items():
+        reason = needed_by.get(sid)
+        if reason is None:
+            continue
+        for part, sources in parts.items():
+            referenced.setdefault(part, set()).update(sources | {reason})
+    index = _Index(referenced)
+
+    files = _Files(col.fs, col.base)
+    running = {
+        sid
+        for views in (live_first, live)
+        for sid, v in views.items()
+        if v.lifecycle is StageLifecycle.RUNNING
+    }
+    markers = {sid: _last_recorded(files, live.get(sid) or live_first[sid]) for sid in running}
+
+    deleted: list[GcEntry] = []
+    kept: list[KeptEntry] = []
+    errors: list[str] = []
+    for unit in files.units():
+        why = index.sources(unit.relpath)
+        if why is not None:
+            kept.append(KeptEntry(unit.relpath, KeepReason.REFERENCED, "; ".join(sorted(why))))
+            continue
+        stats = files.stats(unit)
+        if stats.newest is None:
+            if stats.files == 0 and not files.fs.exists(f"{col.base}/{unit.relpath}"):
+                continue  # vanished meanwhile
+            kept.append(KeptEntry(unit.relpath, KeepReason.GRACE, "modification time unknown"))
+            continue
+        age = col.now - stats.newest
+        if age < grace_s:
+            kept.append(
+                KeptEntry(
+                    unit.relpath,
+                    KeepReason.GRACE,
+                    f"modified {max(age, 0.0):.0f} s ago, grace period {grace_s:.0f} s",
+                )
+            )
+            continue
+        stage = _stage_of(unit.relpath)
+        if stage in running:
+            marker = markers[stage]
+            if marker is None or stats.newest >= marker:
+                kept.append(
+                    KeptEntry(
+                        unit.relpath,
+                        KeepReason.IN_FLIGHT,
+                        f"stage {stage} is RUNNING and this is newer than its last recorded "
+                        "batch (a batch may be in flight)",
+                    )
+                )
+                continue
+        entry = GcEntry(unit.relpath, unit.is_dir, stats.files, stats.bytes)
+        if dry_run:
+            deleted.append(entry)
+            continue
+        try:
+            if files.remove(unit):
+                deleted.append(entry)
+        except OSError as exc:
+            errors.append(f"cannot delete {unit.relpath}: {exc}")
+    notes = list(dict.fromkeys(col.refs.notes))
+    for sid in sorted(col.refs.parts):
+        if sid not in needed_by and graph.stages.get(sid) is not None and graph.downstream(sid):
+            notes.append(
+                f"output parts of stage {sid} are consumed: every downstream stage is CLOSED and "
+                "no retained checkpoint needs them"
+            )
+    report = GcReport(
+        pipeline_key=key,
+        pipeline_dir=storage.pipeline_dir(key),
+        dry_run=dry_run,
+        grace_s=grace_s,
+        deleted=tuple(deleted),
+        kept=tuple(kept),
+        notes=tuple(notes),
+        errors=tuple(errors),
+    )
+    log.debug("%s", report.summary())
+    return report
+
+
+def _last_recorded(files: _Files, view: StageView) -> float | None:
+    """When a running stage last recorded a batch: the newest of its live handle files."""
+    times = [files.mtime(h.path) for h in view.progress.state]
+    known = [x for x in times if x is not None]
+    return max(known) if known else None
+
+
+def _parts_needed(
+    graph: StageGraph,
+    live_first: Mapping[str, StageView],
+    live: Mapping[str, StageView],
+    records: list[tuple[CheckpointInfo, CheckpointRecord]],
+    infos: list[CheckpointInfo],
+    pending_acks: Mapping[int, Mapping[str, bool]],
+    refs: _Refs,
+) -> dict[str, str]:
+    """Stage id -> why its output parts are still needed; stages absent here are consumed.
+
+    Stages without downstream stages in the current graph always keep their parts.
+    """
+    record_graphs: list[StageGraph] = []
+    for info, record in records:
+        try:
+            record_graphs.append(StageGraph.from_dict(record.graph))
+        except InvalidGraphError as exc:
+            refs.notes.append(f"{info.kind} {info.checkpoint_id}: unreadable graph ({exc})")
+    needed: dict[str, str] = {}
+    for sid in refs.parts:
+        if sid not in graph or not graph.downstream(sid):
+            needed[sid] = f"output of {sid}, which has no downstream stage: not intermediate"
+            continue
+        downstream = set(graph.downstream(sid))
+        for g in record_graphs:
+            if sid in g:
+                downstream |= set(g.downstream(sid))
+        reason = _why_needed(
+            sorted(downstream), graph, live_first, live, records, infos, pending_acks
+        )
+        if reason is not None:
+            needed[sid] = f"output of {sid} needed by {reason}"
+    return needed
+
+
+def _why_needed(
+    downstream: list[str],
+    graph: StageGraph,
+    live_first: Mapping[str, StageView],
+    live: Mapping[str, StageView],
+    records: list[tuple[CheckpointInfo, CheckpointRecord]],
+    infos: list[CheckpointInfo],
+    pending_acks: Mapping[int, Mapping[str, bool]],
+) -> str | None:
+    for down in downstream:  # the live pipeline first: the most telling reason
+        if down in graph:
+            for views in (live_first, live):
+                view = views.get(down)
+                lifecycle = view.lifecycle if view is not None else StageLifecycle.NOT_STARTED
+                if lifecycle is not StageLifecycle.CLOSED:
+                    return f"{down} ({lifecycle})"
+    for info, record in records:  # a restore of a retained checkpoint re-reads them
+        for down in downstream:
+            rec = record.stages.get(down)
+            if rec is None and down in graph:
+                return f"{down} (not in {info.kind} {info.checkpoint_id}: a restore starts it)"
+            if rec is not None and rec.status is not StageStatus.FULLY_FINISHED:
+                return f"{down} ({rec.status} in {info.kind} {info.checkpoint_id})"
+    for info in infos:  # so will a restore of a pending one, once it completes
+        if info.state is not CheckpointState.PENDING:
+            continue
+        acked_by_finish = pending_acks.get(info.checkpoint_id, {})
+        for down in downstream:
+            status = info.plan.statuses.get(down)
+            if status is None and down in graph:
+                return f"{down} (not in pending checkpoint {info.checkpoint_id})"
+            if (
+                status is not None
+                and status is not StageStatus.FULLY_FINISHED
+                and not acked_by_finish.get(down, False)
+            ):
+                return f"{down} ({status} in pending checkpoint {info.checkpoint_id})"
+    return None
+
+
+# ---------------------------------------------------------------------------- after close
+
+
+def collect_after_close(coordinator: Coordinator, logic: object, stage_log: Any = None) -> None:
+    """Run a collection after a stage closed; never raises (a failure is logged as a warning).
+
+    The storage is the coordinator's checkpoint writer, else the stage logic's ``storage``.
+    """
+    target = stage_log if stage_log is not None else log
+    try:
+        storage = coordinator.writer
+        if not isinstance(storage, CheckpointStorage):
+            storage = getattr(logic, "storage", None)
+        if not isinstance(storage, CheckpointStorage):
+            return
+        report = collect_garbage(coordinator, storage)
+        if report.deleted or report.errors:
+            target.info("%s", report.summary())
+    except Exception as exc:
+        warn = getattr(target, "warning", None)
+        message = "garbage collection of pipeline %s after close failed (ignored): %s"
+        if callable(warn):
+            warn(message, coordinator.pipeline_key, exc)
+        else:
+            log.warning(message, coordinator.pipeline_key, exc)

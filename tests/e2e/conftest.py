@@ -1,0 +1,126 @@
+"""Fixtures for end-to-end tests against a real Airflow 3 cluster (see docs/testing.md).
+
+``airflow_cluster`` is a session-scoped factory::
+
+    def test_x(airflow_cluster):
+        cluster = airflow_cluster([DAGS], extra_env={"AIRFLOW__FINALCKPT__STORE_URL": url},
+                                  expect_dags=["my_dag"])
+
+Calls with the same arguments share one running cluster; a call with different arguments stops
+the previous cluster first (one cluster at a time: they are heavy on 2 cores). Every cluster is
+stopped at the end of the session; when a test using it failed, its logs are printed and its
+AIRFLOW_HOME is kept. Without PostgreSQL the tests skip, unless FINALCKPT_REQUIRE_POSTGRES=1.
+Every test under tests/e2e is marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .airflow_cluster import AirflowCluster, postgres_reachable, reap_stale
+
+E2E_DIR = Path(__file__).parent
+SMOKE_DAGS = E2E_DIR / "dags"
+
+_LIVE: list[AirflowCluster] = []
+
+
+def _stop_live() -> None:
+    while _LIVE:
+        _LIVE.pop().stop()
+
+
+atexit.register(_stop_live)  # last resort (e.g. an exception outside fixtures)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and E2E_DIR in Path(str(item.path)).parents:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _e2e_failure_logs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """When an e2e test fails: print the cluster's log tails and keep its home at the end."""
+    yield
+    if request.node.stash.get(_FAILED, False):
+        for cluster in _LIVE:
+            cluster.failed = True
+            print(cluster.log_tails(), file=sys.stderr)
+
+
+def _key(*parts: Any) -> str:
+    return repr(parts)
+
+
+@pytest.fixture(scope="session")
+def airflow_cluster() -> Iterator[Callable[..., AirflowCluster]]:
+    clusters: dict[str, AirflowCluster] = {}
+    reaped = False
+
+    def factory(
+        dag_paths: Sequence[str | os.PathLike[str]] = (SMOKE_DAGS,),
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        expect_dags: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> AirflowCluster:
+        nonlocal reaped
+        expect = sorted(expect_dags)
+        database = kwargs.get("database", "postgres")
+        if database == "postgres":
+            ok, why = postgres_reachable()
+            if not ok:
+                if os.environ.get("FINALCKPT_REQUIRE_POSTGRES") == "1":
+                    pytest.fail(f"{why} but FINALCKPT_REQUIRE_POSTGRES=1", pytrace=False)
+                pytest.skip(why)
+        if not reaped:
+            reaped = True
+            for what in reap_stale():
+                print(f"[airflow-e2e] reaped stale {what}", file=sys.stderr)
+        key = _key(
+            [str(Path(p).resolve()) for p in dag_paths],
+            sorted((extra_env or {}).items()),
+            expect,
+            sorted(kwargs.items()),
+        )
+        cluster = clusters.get(key)
+        if cluster is not None and cluster in _LIVE:
+            return cluster
+        for other in list(_LIVE):  # one cluster at a time
+            _LIVE.remove(other)
+            other.stop()
+        cluster = AirflowCluster(dag_paths, extra_env=extra_env, expect_dags=expect, **kwargs)
+        _LIVE.append(cluster)
+        cluster.start()
+        print(
+            f"\n[airflow-e2e] cluster {cluster.cluster_id} up in {cluster.startup_seconds:.1f}s "
+            f"at {cluster.base_url} (home {cluster.home})",
+            file=sys.stderr,
+        )
+        clusters[key] = cluster
+        return cluster
+
+    try:
+        yield factory
+    finally:
+        _stop_live()
