@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Asset, task
 
 from airflow_finalckpt.decorators import finalckpt_stage
 from airflow_finalckpt.examples.nycflights13 import stages
@@ -81,6 +81,8 @@ with DAG(
     @finalckpt_stage(
         batch_size=4,
         commit_mode="final",
+        # The task succeeds only after its sinks committed: the asset event marks committed data.
+        outlets=[Asset("nycflights13_delay_windows")],
         sinks=[
             ParquetTableSink("delay_windows_parquet", f"{OUTPUT}/delay_windows"),
             SqlTableSink("delay_windows_sql", SQL_URL, "delay_windows"),

@@ -206,3 +206,38 @@ def test_restore_checkpoint_into_fresh_store(
         run.end_of_data["ingest"].manifest
     ) - set(enrich_done)
     _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("point", ["before-commit", "mid-commit"])
+def test_crash_between_checkpoint_complete_and_commit_done_replays_once(
+    spark: SparkSession,
+    env: dict,  # type: ignore[type-arg]
+    point: str,
+) -> None:
+    """The checkpoint completed, the sink commit did not happen / was not recorded: the next
+    attempt commits again, and the sinks still hold every row exactly once."""
+    coord: Coordinator = env["coordinator"]  # type: ignore[assignment]
+    crashed: list[str] = []
+
+    def crash_once(stage_id: str, at: str) -> None:
+        if stage_id == "publish" and at == point and not crashed:
+            crashed.append(at)
+            raise InjectedCrash(at)
+
+    with pytest.raises(InjectedCrash):
+        run_example_locally(
+            spark,
+            env["inputs"],
+            coord,
+            env["storage"],
+            env["sinks"],
+            batch_sizes=BATCHES,
+            fault=crash_once,  # type: ignore[arg-type]
+        )
+    assert coord.latest_completed() is not None
+    run_example_locally(
+        spark, env["inputs"], coord, env["storage"], env["sinks"], batch_sizes=BATCHES
+    )  # type: ignore[arg-type]
+    _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
+    states = [state for _, state in coord.transactions("publish")]
+    assert states and set(states) == {"COMMITTED"}
