@@ -42,6 +42,16 @@ from airflow_finalckpt.store.migrate import ensure_schema
 
 KEY = "gc-demo"
 NOW = time.time()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_now() -> None:
+    """File ages are relative to the real clock: take "now" when each test starts, not when
+    the module was collected (a full suite runs for minutes before this test)."""
+    global NOW
+    NOW = time.time()
+
+
 HOUR = 3600.0
 
 
