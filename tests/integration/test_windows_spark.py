@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -40,20 +40,6 @@ KEY = ("k", "window_start_ms")
 APPROXIMATE = ("v_sum", "v_avg")
 
 Row = tuple[str, int, float | None, int | None]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("test_windows_spark")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def spec(out_of_orderness_ms: int = 0, allowed_lateness_ms: int = 0) -> WindowSpec:
