@@ -1,0 +1,21 @@
+"""Fault injection for airflow-finalckpt: named fault points, fault-injecting proxies, a fake
+pipeline, a verifier and a randomized campaign (``python -m airflow_finalckpt.faults.campaign``).
+
+See docs/guarantees.md for what the campaign checks and what it has shown.
+"""
+
+from __future__ import annotations
+
+from airflow_finalckpt.faults.injector import FaultInjector, FaultSpec, InjectedFault
+from airflow_finalckpt.faults.points import POINTS, RUNTIME_POINTS, Action, FaultPoint, Layer
+
+__all__ = [
+    "POINTS",
+    "RUNTIME_POINTS",
+    "Action",
+    "FaultInjector",
+    "FaultPoint",
+    "FaultSpec",
+    "InjectedFault",
+    "Layer",
+]

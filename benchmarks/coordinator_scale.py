@@ -1,0 +1,423 @@
+"""Coordinator scale (no Spark): cost of one checkpoint as the graph grows.
+
+A graph of N stages is N/4 independent lanes ``ingest -> enrich -> windows -> publish`` (the
+example pipeline's shape, many times over; the last lane may be shorter). The lanes are in the
+FLIP-147 mix of states, cycling over four lane types::
+
+    done      CLOSED   CLOSED    CLOSED       FINISHED     (waiting for its final checkpoint)
+    late      CLOSED   CLOSED    CLOSED       RUNNING
+    middle    CLOSED   FINISHED  NOT_STARTED  NOT_STARTED
+    new       NOT_STARTED x 4
+
+so 1/16 of the stages are running (half of their S splits finished) and acknowledge every
+checkpoint, 9/16 are finished with all S splits, 6/16 have not started. (Airflow itself caps
+concurrently running tasks per DAG, 16 by default: a running share of 1/16 of a 10,000-stage
+graph, 625 concurrently running stages, is already a stress test.) Every finished or running
+stage holds one output state handle
+per 10 finished splits (as the runtime records them) and one pre-committed sink transaction.
+
+That starting state is written directly into the store (``register`` through the API, then one
+bulk UPDATE; setting 10,000 stages up through ``finish`` would itself trigger thousands of eager
+checkpoints). What is measured is one complete checkpoint through the public API, exactly as the
+runtime drives it: ``trigger`` (the plan), then one ``record_batch`` per running stage (each a
+split-batch boundary that acknowledges, in its own transition, as separate stage processes
+would), the last one completing the checkpoint and writing ``_metadata`` atomically to a
+temporary ``CheckpointStorage``. Each case measures several consecutive checkpoints; the growth
+exponent is the log-log slope of the median seconds per checkpoint over N at fixed S.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import hashlib
+import io
+import pstats
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, bindparam, update
+
+from benchmarks.common import (
+    Result,
+    Stopwatch,
+    Target,
+    log,
+    loglog_slope,
+    postgres_available,
+    postgres_database,
+)
+
+NAME = "coordinator_scale"
+LANE = ("ingest", "enrich", "windows", "publish")
+LANE_TYPES = (
+    ("CLOSED", "CLOSED", "CLOSED", "FINISHED"),
+    ("CLOSED", "CLOSED", "CLOSED", "RUNNING"),
+    ("CLOSED", "FINISHED", "NOT_STARTED", "NOT_STARTED"),
+    ("NOT_STARTED", "NOT_STARTED", "NOT_STARTED", "NOT_STARTED"),
+)
+RUNNING_SHARE = "1/16"
+SPLITS_PER_HANDLE = 10
+#: A growth exponent above this is flagged: the cost per checkpoint must be about linear.
+LINEAR_LIMIT = 1.3
+
+
+@dataclass(frozen=True)
+class Size:
+    stages: int
+    splits: int
+
+
+def plan_sizes(quick: bool) -> dict[str, list[Size]]:
+    """Series of graph sizes at fixed splits per stage (one growth exponent per series)."""
+    if quick:
+        return {"splits=10": [Size(10, 10), Size(40, 10)]}
+    return {
+        "splits=100": [Size(10, 100), Size(100, 100), Size(1000, 100), Size(10_000, 100)],
+        "splits=1000": [Size(10, 1000), Size(100, 1000), Size(1000, 1000)],
+    }
+
+
+def stage_ids(n: int) -> list[str]:
+    return [f"lane{i // 4:05d}_{LANE[i % 4]}" for i in range(n)]
+
+
+def lifecycle_of(index: int) -> str:
+    return LANE_TYPES[(index // 4) % len(LANE_TYPES)][index % 4]
+
+
+def _graph(n: int) -> Any:
+    from airflow_finalckpt.core.graph import StageGraph
+
+    ids = stage_ids(n)
+    edges = [(ids[i - 1], ids[i]) for i in range(n) if i % 4 != 0]
+    return StageGraph.from_edges(ids, edges)
+
+
+def _splits(stage_id: str, count: int) -> list[str]:
+    return [f"data/{stage_id}/part-{k:05d}" for k in range(count)]
+
+
+def _handles(stage_id: str, finished: int) -> list[dict[str, Any]]:
+    out = []
+    for k in range(0, finished, SPLITS_PER_HANDLE):
+        path = f"data/{stage_id}/_parts/b{k // SPLITS_PER_HANDLE:05d}.json"
+        out.append(
+            {
+                "name": f"output:data/{stage_id}/b{k // SPLITS_PER_HANDLE:05d}",
+                "path": path,
+                "size": 120,
+                "sha256": hashlib.sha256(path.encode()).hexdigest(),
+            }
+        )
+    return out
+
+
+def seed_state(engine: Engine, pipeline_key: str, size: Size) -> list[str]:
+    """Put every stage into its lane state in one bulk UPDATE; returns the running stages."""
+    from airflow_finalckpt.core.model import MAX_WATERMARK
+    from airflow_finalckpt.store import schema as t
+
+    rows: list[dict[str, Any]] = []
+    txns: list[dict[str, Any]] = []
+    running: list[str] = []
+    for index, sid in enumerate(stage_ids(size.stages)):
+        lifecycle = lifecycle_of(index)
+        if lifecycle == "NOT_STARTED":
+            continue
+        splits = _splits(sid, size.splits)
+        finished = splits if lifecycle != "RUNNING" else splits[: size.splits // 2]
+        handles = _handles(sid, len(finished))
+        progress: dict[str, Any] = {
+            "finished_splits": sorted(finished),
+            "state": handles,
+            "pending_transactions": [],
+            "watermark": 1_370_000_000_000,
+            "end_of_data": None,
+        }
+        row: dict[str, Any] = {
+            "b_stage_id": sid,
+            "lifecycle": lifecycle,
+            "epoch": 1,
+            "total_splits": size.splits,
+            "progress": progress,
+            "finish_threshold": None,
+            "final_snapshot": None,
+            "closed_checkpoint_id": None,
+        }
+        if lifecycle in ("FINISHED", "CLOSED"):
+            final = dict(
+                progress,
+                watermark=MAX_WATERMARK,
+                end_of_data={
+                    "drain": False,
+                    "manifest": [h["name"][len("output:") :] for h in handles],
+                    "watermark": MAX_WATERMARK,
+                    "finished_at_checkpoint": 0,
+                    "unread_splits": 0,
+                },
+            )
+            row.update(progress=final, final_snapshot=final, finish_threshold=0)
+            if lifecycle == "CLOSED":
+                row["closed_checkpoint_id"] = 0
+        else:
+            running.append(sid)
+        rows.append(row)
+        if lifecycle in ("FINISHED", "RUNNING"):
+            txns.append(
+                {
+                    "pipeline_key": pipeline_key,
+                    "stage_id": sid,
+                    "sink_id": "out",
+                    "txn_id": f"{sid}.seed.e1",
+                    "epoch": 1,
+                    "checkpoint_id": None,
+                    "state": "PRECOMMITTED",
+                    "payload": {"staging": f"_staging/{sid}/seed"},
+                    "updated_at": 0.0,
+                }
+            )
+    with engine.begin() as conn:
+        if rows:
+            conn.execute(
+                update(t.stages)
+                .where(
+                    t.stages.c.pipeline_key == pipeline_key,
+                    t.stages.c.stage_id == bindparam("b_stage_id"),
+                )
+                .values(
+                    lifecycle=bindparam("lifecycle"),
+                    epoch=bindparam("epoch"),
+                    total_splits=bindparam("total_splits"),
+                    progress=bindparam("progress"),
+                    finish_threshold=bindparam("finish_threshold"),
+                    final_snapshot=bindparam("final_snapshot"),
+                    closed_checkpoint_id=bindparam("closed_checkpoint_id"),
+                ),
+                rows,
+            )
+        if txns:
+            conn.execute(t.transactions.insert(), txns)
+    return running
+
+
+@dataclass
+class CheckpointCost:
+    checkpoint_id: int
+    trigger_s: float
+    acks_s: float
+    last_ack_s: float
+    total_s: float
+    acks: int
+    metadata_bytes: int
+    plan_bytes: int
+
+
+def one_checkpoint(coordinator: Any, running: Sequence[str], round_no: int) -> CheckpointCost:
+    """Trigger, acknowledge from every running stage at a batch boundary, complete."""
+    import json
+
+    from airflow_finalckpt.core.model import CheckpointState, SinkTransaction, TriggerReason
+
+    with Stopwatch() as whole:
+        with Stopwatch() as trig:
+            cid = coordinator.trigger(TriggerReason.MANUAL)
+        assert cid is not None, "a manual trigger always triggers"
+        acks_s = 0.0
+        last_s = 0.0
+        for pos, sid in enumerate(running):
+            txn = SinkTransaction(sink_id="out", txn_id=f"{sid}.r{round_no}.e1", checkpoint_id=0)
+            with Stopwatch() as ack:
+                coordinator.record_batch(
+                    sid,
+                    1,
+                    finished_splits=(f"data/{sid}/extra-{round_no:05d}",),
+                    transactions=(txn,),
+                )
+            if pos == len(running) - 1:
+                last_s = ack.seconds
+            else:
+                acks_s += ack.seconds
+    info = coordinator.checkpoint(cid)
+    if info.state is not CheckpointState.COMPLETED:
+        raise RuntimeError(f"checkpoint {cid} ended {info.state.value}: {info.failure_reason}")
+    plan_bytes = len(json.dumps(info.plan.to_dict(), separators=(",", ":")))
+    return CheckpointCost(
+        checkpoint_id=cid,
+        trigger_s=trig.seconds,
+        acks_s=acks_s,
+        last_ack_s=last_s,
+        total_s=whole.seconds,
+        acks=len(running),
+        metadata_bytes=int(info.size_bytes or 0),
+        plan_bytes=plan_bytes,
+    )
+
+
+def measure(
+    store_url: str,
+    size: Size,
+    checkpoints: int,
+    *,
+    profile: bool = False,
+) -> tuple[list[CheckpointCost], dict[str, float], str | None]:
+    """Set a store up with a graph of ``size`` and measure ``checkpoints`` checkpoints."""
+    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.storage import CheckpointStorage
+    from airflow_finalckpt.store.engine import make_engine
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    engine = make_engine(store_url)
+    setup: dict[str, float] = {}
+    try:
+        ensure_schema(engine)
+        with tempfile.TemporaryDirectory(prefix="finalckpt-bench-ckpt-") as tmp:
+            key = f"scale-{size.stages}x{size.splits}"
+            coordinator = Coordinator(engine, key, writer=CheckpointStorage(tmp))
+            graph = _graph(size.stages)
+            with Stopwatch() as reg:
+                coordinator.register(graph)
+            setup["register_s"] = reg.seconds
+            with Stopwatch() as seed:
+                running = seed_state(engine, key, size)
+            setup["seed_s"] = seed.seconds
+            costs = []
+            profiler = cProfile.Profile() if profile else None
+            for round_no in range(checkpoints):
+                if profiler is not None and round_no == checkpoints - 1:
+                    profiler.enable()
+                costs.append(one_checkpoint(coordinator, running, round_no))
+                if profiler is not None and round_no == checkpoints - 1:
+                    profiler.disable()
+            report = _profile_report(profiler) if profiler is not None else None
+            return costs, setup, report
+    finally:
+        engine.dispose()
+
+
+def _profile_report(profiler: cProfile.Profile, lines: int = 25) -> str:
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(lines)
+    out.write("\n--- by own time ---\n")
+    stats.sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
+
+
+def _backends(tmp: str) -> list[tuple[str, Callable[[], Any]]]:
+    """(name, context factory yielding a store URL) for every store we can reach."""
+    import contextlib
+    import os
+
+    counter = iter(range(1_000_000))
+
+    @contextlib.contextmanager
+    def sqlite_store() -> Any:
+        path = os.path.join(tmp, f"store-{next(counter)}.db")
+        yield f"sqlite:///{path}"
+
+    backends: list[tuple[str, Callable[[], Any]]] = [("sqlite", sqlite_store)]
+    backends.append(("postgresql", postgres_database))
+    return backends
+
+
+def run(quick: bool = False) -> Result:
+    result = Result(NAME)
+    checkpoints = 1 if quick else 3
+    series = plan_sizes(quick)
+    result.repetitions = checkpoints
+    result.parameters = {
+        "graph": "N/4 lanes ingest->enrich->windows->publish, lane states cycling "
+        "done/late/middle/new: 1/16 running (half their splits finished), 9/16 finished, "
+        "6/16 not started",
+        "series": {name: [[s.stages, s.splits] for s in sizes] for name, sizes in series.items()},
+        "checkpoints_per_case": checkpoints,
+        "checkpoints_per_case_above_1000_stages": 1,
+        "acknowledgements": "one record_batch per running stage, each its own transition",
+        "metadata_storage": "CheckpointStorage on a local temporary directory",
+        "linear_limit": LINEAR_LIMIT,
+    }
+    pg_problem = postgres_available()
+    if pg_problem:
+        result.notes.append(f"PostgreSQL skipped: {pg_problem}")
+    with tempfile.TemporaryDirectory(prefix="finalckpt-bench-scale-") as tmp:
+        for backend, store in _backends(tmp):
+            if backend == "postgresql" and pg_problem:
+                continue
+            for series_name, sizes in series.items():
+                xs: list[float] = []
+                ys: list[float] = []
+                for size in sizes:
+                    log(f"{NAME}: {backend} {size.stages} stages x {size.splits} splits")
+                    with store() as url:
+                        count = checkpoints if size.stages <= 1000 else 1
+                        costs, setup, _ = measure(url, size, count)
+                    case = result.case(
+                        f"{backend}/{size.stages}x{size.splits}",
+                        backend=backend,
+                        series=series_name,
+                        stages=size.stages,
+                        splits=size.splits,
+                        running_stages=costs[0].acks,
+                        **setup,
+                    )
+                    for cost in costs:
+                        case.add("seconds_per_checkpoint", cost.total_s)
+                        case.add("trigger_s", cost.trigger_s)
+                        case.add("ack_s_mean", cost.acks_s / max(cost.acks - 1, 1))
+                        case.add("completing_ack_s", cost.last_ack_s)
+                        case.add("metadata_bytes", cost.metadata_bytes)
+                        case.add("plan_bytes", cost.plan_bytes)
+                    case.finalize()
+                    xs.append(size.stages)
+                    ys.append(case.medians["seconds_per_checkpoint"])
+                slope = loglog_slope(xs, ys)
+                key = f"{backend}/{series_name}"
+                result.medians[f"growth_exponent/{key}"] = slope
+                tail = loglog_slope(xs[-2:], ys[-2:])
+                result.medians[f"growth_exponent_last_step/{key}"] = tail
+                # Fixed per-transition costs dominate small graphs and flatten a fit over the
+                # whole range: the largest step shows the asymptotic growth, so it is judged too.
+                worst = max(slope, tail)
+                result.targets.append(
+                    Target(
+                        name=f"growth exponent, {backend}, {series_name}",
+                        target=f"about linear (log-log slope <= {LINEAR_LIMIT})",
+                        measured=worst,
+                        passed=bool(worst <= LINEAR_LIMIT),
+                        note=f"fit over stages {', '.join(str(int(x)) for x in xs)}: "
+                        f"{slope:.2f}; largest step {int(xs[-2])}->{int(xs[-1])}: {tail:.2f}",
+                    )
+                )
+    flagged = [t for t in result.targets if t.passed is False]
+    if flagged:
+        result.notes.append(
+            "cost per checkpoint grows faster than linearly: see docs/benchmarks.md "
+            "(hot spot found with python -m benchmarks.coordinator_scale --profile)"
+        )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.coordinator_scale --profile N S``: cProfile one checkpoint."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="profile one checkpoint of a large graph")
+    parser.add_argument("--profile", nargs=2, type=int, metavar=("STAGES", "SPLITS"))
+    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
+    args = parser.parse_args(argv)
+    stages, splits = args.profile or (1000, 100)
+    with tempfile.TemporaryDirectory(prefix="finalckpt-bench-prof-") as tmp:
+        store = dict(_backends(tmp))[args.backend]
+        with store() as url:
+            costs, setup, report = measure(url, Size(stages, splits), 2, profile=True)
+    print(f"setup {setup}")
+    for cost in costs:
+        print(cost)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
