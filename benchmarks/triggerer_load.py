@@ -191,7 +191,7 @@ def measure(backend: str, store_url: str, waiters: int, rounds: int) -> dict[str
 
 def run(quick: bool = False) -> Result:
     sizes = (10, 50) if quick else (10, 100, 1000)
-    fan_sizes = (5, 20) if quick else (10, 30, 100)
+    fan_sizes = (5, 20) if quick else (10, 30, 60)
     result = Result(NAME, repetitions=1 if quick else 3)
     result.parameters = {
         "waiters": list(sizes),
