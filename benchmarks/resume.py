@@ -50,7 +50,7 @@ class InjectedCrash(RuntimeError):
 def plan(quick: bool) -> dict[str, int]:
     """Days, row scale and batch sizes: enrich gets ``parts`` splits (ingest output parts).
 
-    The full run uses every flight ten times (``row_scale``, ~0.45 M flights over 48 days) so
+    The full run uses every flight ten times (``row_scale``, ~0.42 M flights over 48 days) so
     a split batch holds real work next to Spark's fixed cost per job; set
     ``FINALCKPT_BENCH_RESUME_SCALE=1`` for the original rows.
     """
