@@ -226,7 +226,7 @@ def sample_spark(store: Store, input_dir: str, interval: float) -> dict[str, flo
 def run(quick: bool = False) -> Result:
     from benchmarks.pipelines import prepare_inputs
 
-    fake_samples = 2 if quick else 12
+    fake_samples = 1 if quick else 12
     spark_samples = 1 if quick else 2
     intervals = INTERVALS_S
     result = Result(NAME, repetitions=fake_samples)
