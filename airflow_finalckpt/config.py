@@ -80,6 +80,8 @@ class FinalCkptSettings:
     checkpoint_interval_s: float = 60
     checkpoint_timeout_s: float = 600
     retain_checkpoints: int = 3
+    store_connect_retries: int = 5
+    store_connect_backoff_s: float = 1.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def masked_store_url(self) -> str:
@@ -94,6 +96,8 @@ class FinalCkptSettings:
             "checkpoint_interval_s": repr(self.checkpoint_interval_s),
             "checkpoint_timeout_s": repr(self.checkpoint_timeout_s),
             "retain_checkpoints": repr(self.retain_checkpoints),
+            "store_connect_retries": repr(self.store_connect_retries),
+            "store_connect_backoff_s": repr(self.store_connect_backoff_s),
         }
         return "\n".join(
             f"{name} = {value} ({self.sources.get(name, 'unknown source')})"
@@ -252,21 +256,34 @@ def parse_positive_seconds(raw: Any) -> float:
     return value
 
 
+def _parse_whole_number(raw: Any, minimum: int) -> int:
+    """An int from an int or a numeric string; booleans and other types are refused."""
+    expected = f"an integer >= {minimum}"
+    if isinstance(raw, bool):
+        raise ValueError(f"must be {expected}, not a boolean")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError as exc:
+            raise ValueError(f"must be {expected}, got {raw!r}") from exc
+    raise ValueError(f"must be {expected}, got {raw!r}")
+
+
 def parse_retain_count(raw: Any) -> int:
     """How many complete checkpoints to keep: a whole number >= 1 (restore needs one)."""
-    if isinstance(raw, bool):
-        raise ValueError("must be an integer >= 1, not a boolean")
-    if isinstance(raw, int):
-        value = raw
-    elif isinstance(raw, str):
-        try:
-            value = int(raw.strip())
-        except ValueError as exc:
-            raise ValueError(f"must be an integer >= 1, got {raw!r}") from exc
-    else:
-        raise ValueError(f"must be an integer >= 1, got {raw!r}")
+    value = _parse_whole_number(raw, 1)
     if value < 1:
         raise ValueError(f"must be an integer >= 1, got {raw!r}")
+    return value
+
+
+def parse_retry_count(raw: Any) -> int:
+    """How many times to retry: a whole number >= 0 (0: one attempt, no retry)."""
+    value = _parse_whole_number(raw, 0)
+    if not 0 <= value <= 100:
+        raise ValueError(f"must be an integer from 0 to 100, got {raw!r}")
     return value
 
 
@@ -394,6 +411,8 @@ PARSERS: dict[str, Parser] = {
     "checkpoint_interval_s": parse_positive_seconds,
     "checkpoint_timeout_s": parse_positive_seconds,
     "retain_checkpoints": parse_retain_count,
+    "store_connect_retries": parse_retry_count,
+    "store_connect_backoff_s": parse_positive_seconds,
 }
 
 
@@ -406,6 +425,10 @@ def _default(name: str) -> Any:
         "checkpoint_interval_s": 60.0,
         "checkpoint_timeout_s": 600.0,
         "retain_checkpoints": 3,
+        # Opening the coordination store at start: retries after the first attempt, and the
+        # first wait between attempts (doubling, at most 30 s): 1+2+4+8+16 s by default.
+        "store_connect_retries": 5,
+        "store_connect_backoff_s": 1.0,
     }
     return defaults[name]
 

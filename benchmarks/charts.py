@@ -258,12 +258,67 @@ def chart_waiters(plt: Any, doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def chart_stop(plt: Any, doc: dict[str, Any], path: Path) -> None:
+    metrics = {
+        "savepoint": (
+            ("savepoint_s", "request -> savepoint complete"),
+            ("suspended_s", "request -> stage suspended"),
+        ),
+        "drain": (
+            ("source_finished_s", "request -> source stage finished"),
+            ("drained_savepoint_s", "request -> drained savepoint complete"),
+        ),
+    }
+    cases = doc["cases"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    labels, seconds, batches, names, colors = [], [], [], [], []
+    palette = ("tab:blue", "tab:orange")
+    for case in cases:
+        med = case["medians"]
+        mode, press = case["params"]["mode"], case["params"]["press"]
+        for i, (metric, name) in enumerate(metrics[mode]):
+            short = {"source_finished_s": "source done", "drained_savepoint_s": "drained sp"}
+            labels.append(f"{mode}\npress {press}\n{short.get(metric, metric[:-2])}")
+            seconds.append(med.get(metric, 0.0))
+            batches.append(med.get(metric, 0.0) / med["batch_s"] if med.get("batch_s") else 0.0)
+            names.append(name)
+            colors.append(palette[i])
+    xs = list(range(len(labels)))
+    left.bar(xs, seconds, color=colors)
+    left.scatter(
+        [x for x, c in zip(xs, colors, strict=True) if c == palette[0]],
+        [c["medians"]["batch_s"] for c in cases],
+        marker="_",
+        s=900,
+        color="black",
+        label="duration of the split batch being processed at the press",
+    )
+    left.set_yscale("log")
+    left.set_ylabel("median seconds after the stop request")
+    right.bar(xs, batches, color=colors)
+    right.axhline(1.0, color="grey", linestyle="--", label="one split batch")
+    right.set_yscale("log")
+    right.set_ylabel("in split batches (of the stopped stage)")
+    for ax in (left, right):
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    left.set_title("Stop latency (drained savepoint waits for all downstream work)", fontsize=9)
+    right.set_title("Target: savepoint / source finished <= 1 batch + a few s", fontsize=9)
+    fig.suptitle(f"Stop with savepoint / drain: {_subtitle(doc)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 CHARTS: dict[str, Callable[[Any, dict[str, Any], Path], None]] = {
     "coordinator_scale": chart_scale,
     "triggerer_load": chart_waiters,
     "final_checkpoint_latency": chart_latency,
     "steady_state_overhead": chart_overhead,
     "resume_savings": chart_resume,
+    "stop_latency": chart_stop,
 }
 
 

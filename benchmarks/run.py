@@ -12,9 +12,7 @@ Benchmarks (``--only`` takes a name or its alias, repeatable):
     final_checkpoint_latency  (latency)   end of input -> close, intervals 10 s / 60 s / 1 h
     steady_state_overhead     (overhead)  example pipeline: ours vs plain PySpark jobs
     resume_savings            (resume)    crash at 25/50/75 % of enrich: resume vs retry/rerun
-
-Stop latency (stop request -> savepoint complete) is not benchmarked yet: the stop UI/REST/CLI
-is not built (see docs/benchmarks.md).
+    stop_latency              (stop)      stop request -> savepoint complete (drain / savepoint)
 """
 
 from __future__ import annotations
@@ -59,6 +57,12 @@ def _resume(quick: bool) -> Result:
     return resume.run(quick)
 
 
+def _stop(quick: bool) -> Result:
+    from benchmarks import stop_latency
+
+    return stop_latency.run(quick)
+
+
 def _waiters(quick: bool) -> Result:
     from benchmarks import triggerer_load
 
@@ -72,6 +76,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[bool], Result]]] = {
     "final_checkpoint_latency": ("latency", _latency),
     "steady_state_overhead": ("overhead", _overhead),
     "resume_savings": ("resume", _resume),
+    "stop_latency": ("stop", _stop),
 }
 
 

@@ -55,4 +55,16 @@ versions = {d: md.version(d) for d in ("pyspark", "pyspark-client")}
 assert len(set(versions.values())) == 1, f"pyspark versions differ: {versions}"
 assert pyspark.__version__ == versions["pyspark"], (pyspark.__version__, versions)
 PY
+# Headless Chromium for the UI browser test (tests/e2e/test_ui_browser.py): Debian's package,
+# driven by Playwright; Playwright never downloads a browser here.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing Debian's chromium + chromium-driver (UI browser test)"
+    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "note: chromium not found; the UI browser test skips (fails in CI) without it." >&2
+    echo "      Debian/Ubuntu: sudo apt-get install -y chromium chromium-driver" >&2
+  fi
+fi
+
 echo "==> environment ready (.venv)"

@@ -23,6 +23,7 @@ from airflow_finalckpt.cli._shared import (
 )
 from airflow_finalckpt.cli.checkpoints import checkpoints
 from airflow_finalckpt.cli.progress import gc, progress
+from airflow_finalckpt.cli.stop import restore, resume, status, stop
 from airflow_finalckpt.config import mask_url
 
 
@@ -103,3 +104,7 @@ def db_check(store_url: str | None) -> None:
 main.add_command(checkpoints)
 main.add_command(progress)
 main.add_command(gc)
+main.add_command(stop)
+main.add_command(resume)
+main.add_command(restore)
+main.add_command(status)

@@ -68,11 +68,23 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointWriter(Protocol):
-    """Where completed checkpoints' ``_metadata`` goes (checkpoint storage implements it)."""
+    """Where completed checkpoints' ``_metadata`` goes (checkpoint storage implements it).
 
-    def write_checkpoint(self, record: CheckpointRecord) -> tuple[str, int]: ...
+    ``replace_orphan=True`` is always passed: the id being completed was never completed, so a
+    directory of it is a leftover of a failed or rolled-back completion. The coordinator calls
+    ``checkpoint_dir_ids`` and ``discard_checkpoint_dir`` only if the writer has them (to finish
+    interrupted discards and remove leftovers of aborted checkpoints).
+    """
+
+    def write_checkpoint(
+        self, record: CheckpointRecord, *, replace_orphan: bool = False
+    ) -> tuple[str, int]: ...
 
     def discard_checkpoint(self, metadata_path: str) -> None: ...
+
+    def discard_checkpoint_dir(self, pipeline_key: str, checkpoint_id: int) -> None: ...
+
+    def checkpoint_dir_ids(self, pipeline_key: str) -> list[int]: ...
 
 
 class AckOutcome(StrEnum):
@@ -158,6 +170,114 @@ class _Tx:
     after_commit: list[Callable[[], None]] = field(default_factory=list)
 
 
+def suspends(stop: StopRequest | None) -> bool:
+    """A stop with savepoint is in progress or completed (not resumed, not failed): no stage
+    may start work or finish, and finished stages wait for the resume."""
+    return (
+        stop is not None
+        and stop.mode is StopMode.SAVEPOINT
+        and stop.state in (StopState.REQUESTED, StopState.COMPLETED)
+    )
+
+
+def draining(stop: StopRequest | None) -> bool:
+    """A stop with drain is in progress: source stages stop taking splits."""
+    return stop is not None and stop.mode is StopMode.DRAIN and stop.state is StopState.REQUESTED
+
+
+@dataclass(frozen=True)
+class WaitingStage:
+    """One stage as its waiters see it (no progress JSON). ``first_completed_id``: the lowest
+    completed checkpoint >= the finish threshold (what it may close on); ``first_candidate_id``:
+    the lowest pending, completed or discarded one (a checkpoint in flight or done that can
+    close it)."""
+
+    stage_id: str
+    lifecycle: StageLifecycle
+    epoch: int
+    finish_threshold: int | None
+    closed_checkpoint_id: int | None
+    first_completed_id: int | None
+    first_candidate_id: int | None
+
+
+@dataclass(frozen=True)
+class PipelineSnapshot:
+    """What every waiting stage of a pipeline decides on, read at once (a few statements,
+    however many stages wait): the read model the triggers share (``waiting_snapshot``).
+
+    Its answers only say whether a waiter has *nothing to do*: anything else (an event to fire,
+    a checkpoint to abort or trigger) is decided again by the coordinator itself, so a stale
+    snapshot can delay a waiter by one read but never make it fire wrongly.
+    """
+
+    pipeline_key: str
+    checkpoint_timeout_s: float
+    stages: Mapping[str, WaitingStage]
+    stop: StopRequest | None
+    #: (checkpoint_id, triggered_at) of every pending checkpoint.
+    pending: tuple[tuple[int, float], ...]
+
+    def timed_out(self, now: float) -> list[int]:
+        """Pending checkpoints older than the checkpoint timeout (``expire_timed_out`` aborts
+        them)."""
+        deadline = now - self.checkpoint_timeout_s
+        return [cid for cid, triggered_at in self.pending if triggered_at < deadline]
+
+    def closable_checkpoint(self, stage_id: str) -> int | None:
+        """As ``Coordinator.closable_checkpoint``; None also for a stage it does not know."""
+        stage = self.stages.get(stage_id)
+        if stage is None:
+            return None
+        if stage.lifecycle is StageLifecycle.CLOSED:
+            return stage.closed_checkpoint_id
+        if stage.lifecycle is not StageLifecycle.FINISHED:
+            return None
+        stop = self.stop
+        if (
+            stop is not None
+            and stop.mode is StopMode.SAVEPOINT
+            and stop.state is StopState.REQUESTED
+        ):
+            return None
+        return stage.first_completed_id
+
+    def final_checkpoint_work(self, stage_id: str, now: float) -> bool:
+        """As ``Coordinator._final_checkpoint_work(expire=True)``: would
+        ``ensure_final_checkpoint`` change anything (a timed-out checkpoint to abort, or a
+        finished stage without a candidate checkpoint and no savepoint to wait for)?"""
+        if self.timed_out(now):
+            return True
+        stage = self.stages.get(stage_id)
+        if stage is None or stage.lifecycle is not StageLifecycle.FINISHED:
+            return False
+        return not suspends(self.stop) and stage.first_candidate_id is None
+
+    def final_checkpoint_idle(self, stage_id: str, epoch: int | None, now: float) -> bool:
+        """A finished stage waiting for its final checkpoint has nothing to do: the attempt is
+        current, the stage FINISHED, nothing to close on and no write work for
+        ``ensure_final_checkpoint``."""
+        stage = self.stages.get(stage_id)
+        return (
+            stage is not None
+            and (epoch is None or stage.epoch == epoch)
+            and stage.lifecycle is StageLifecycle.FINISHED
+            and self.closable_checkpoint(stage_id) is None
+            and not self.final_checkpoint_work(stage_id, now)
+        )
+
+    def resume_idle(self, stage_id: str, epoch: int | None) -> bool:
+        """A suspended stage keeps waiting: the attempt is current and a stop with savepoint is
+        still in progress or completed (not resumed, failed or a drain)."""
+        stage = self.stages.get(stage_id)
+        return stage is not None and (epoch is None or stage.epoch == epoch) and suspends(self.stop)
+
+    def closed_idle(self, stage_id: str) -> bool:
+        """A stage someone waits to see CLOSED is known and not CLOSED yet."""
+        stage = self.stages.get(stage_id)
+        return stage is not None and stage.lifecycle is not StageLifecycle.CLOSED
+
+
 def _snapshot(data: Any) -> StageSnapshot:
     return StageSnapshot.model_validate(data or {})
 
@@ -181,6 +301,9 @@ class Coordinator:
         self.pipeline_key = pipeline_key
         self.writer = writer
         self.clock = clock
+        #: The parsed graph shape of the last fingerprint seen (the graph JSON is only read
+        #: when the fingerprint changes, not in every transition).
+        self._shape_cache: tuple[str, StageGraph] | None = None
 
     # ------------------------------------------------------------------ transactions
 
@@ -189,9 +312,10 @@ class Coordinator:
         """One write transaction holding the pipeline lock; after-commit hooks run on success."""
         hooks: list[Callable[[], None]] = []
         with self.engine.begin() as conn:
+            # Every column but the graph (O(stages) of JSON): see _shape / _graph_data.
             row = (
                 conn.execute(
-                    select(t.pipelines)
+                    select(*(c for c in t.pipelines.c if c.name != "graph"))
                     .where(t.pipelines.c.pipeline_key == self.pipeline_key)
                     .with_for_update()
                 )
@@ -210,6 +334,26 @@ class Coordinator:
                 log.warning(
                     "after-commit hook of pipeline %r failed", self.pipeline_key, exc_info=True
                 )
+
+    def _graph_data(self, conn: Connection) -> dict[str, Any]:
+        data = conn.execute(
+            select(t.pipelines.c.graph).where(t.pipelines.c.pipeline_key == self.pipeline_key)
+        ).scalar()
+        if data is None:
+            raise UnknownPipelineError(f"pipeline {self.pipeline_key!r} is not registered")
+        return dict(data)
+
+    def _shape(self, tx: _Tx) -> StageGraph:
+        """The graph's shape (stage ids and edges), parsed once per fingerprint. The fingerprint
+        is a hash of exactly that shape, so a cached graph with the same fingerprint plans the
+        same checkpoints (task ids, which the fingerprint ignores, play no part in a plan)."""
+        fingerprint = str(tx.pipeline["fingerprint"])
+        cached = self._shape_cache
+        if cached is None or cached[0] != fingerprint:
+            graph = StageGraph.from_dict(self._graph_data(tx.conn))
+            cached = (fingerprint, graph)
+            self._shape_cache = cached
+        return cached[1]
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -277,6 +421,42 @@ class Coordinator:
                     },
                 )
 
+    def link_dag_run(self, dag_id: str, run_id: str) -> None:
+        """Record that an Airflow DAG run works on this pipeline (idempotent). A DAG run belongs
+        to one pipeline: linking it to another one is refused."""
+        with self.engine.begin() as conn:
+            self._insert_ignore(
+                conn,
+                t.dag_runs,
+                {
+                    "dag_id": dag_id,
+                    "run_id": run_id,
+                    "pipeline_key": self.pipeline_key,
+                    "created_at": self.clock(),
+                },
+            )
+            owner = conn.execute(
+                select(t.dag_runs.c.pipeline_key).where(
+                    t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
+                )
+            ).scalar_one()
+        if owner != self.pipeline_key:
+            raise IllegalTransitionError(
+                f"DAG run {run_id!r} of DAG {dag_id!r} already works on pipeline {owner!r}, "
+                f"not {self.pipeline_key!r} (a pipeline_key or restore_from in the conf of a "
+                "running DAG run cannot change)"
+            )
+
+    def dag_runs(self) -> list[tuple[str, str]]:
+        """The (dag_id, run_id) pairs of the DAG runs this pipeline run spans, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                select(t.dag_runs.c.dag_id, t.dag_runs.c.run_id)
+                .where(t.dag_runs.c.pipeline_key == self.pipeline_key)
+                .order_by(t.dag_runs.c.created_at)
+            ).all()
+        return [(str(d), str(r)) for d, r in rows]
+
     def graph(self) -> StageGraph:
         with self._read() as conn:
             data = conn.execute(
@@ -298,17 +478,15 @@ class Coordinator:
             row = self._stage_row(tx.conn, stage_id)
             lifecycle = StageLifecycle(row["lifecycle"])
             if lifecycle in (StageLifecycle.NOT_STARTED, StageLifecycle.SUSPENDED):
+                # While a stop with savepoint is in progress or done, no stage starts work: a
+                # new attempt (a downstream stage whose upstream closed on the savepoint, a
+                # retry) begins suspended and waits for the resume.
                 stop = self._latest_stop(tx.conn)
-                if (
-                    lifecycle is StageLifecycle.SUSPENDED
-                    and stop is not None
-                    and stop.mode is StopMode.SAVEPOINT
-                    and stop.state in (StopState.REQUESTED, StopState.COMPLETED)
-                ):
-                    raise IllegalTransitionError(
-                        f"stage {stage_id!r} is suspended by a savepoint; resume the run first"
-                    )
-                lifecycle = StageLifecycle.RUNNING
+                lifecycle = (
+                    StageLifecycle.SUSPENDED
+                    if suspends(stop) and not self._awaiting(tx.conn, stage_id)
+                    else StageLifecycle.RUNNING
+                )
             values: dict[str, Any] = {
                 "epoch": row["epoch"] + 1,
                 "lifecycle": lifecycle.value,
@@ -318,6 +496,13 @@ class Coordinator:
                 values["total_splits"] = total_splits
             self._update_stage(tx.conn, stage_id, values)
             return self._stage_view(tx.conn, stage_id)
+
+    def batch_boundary(self, stage_id: str, epoch: int) -> StopRequest | None:
+        """One cheap read before each split batch: StaleEpochError if a newer attempt took the
+        stage over (a zombie stops before wasting Spark work), else the latest stop request."""
+        with self._read() as conn:
+            self._fence(self._stage_row(conn, stage_id), epoch)
+            return self._latest_stop(conn)
 
     def check_epoch(self, stage_id: str, epoch: int) -> None:
         """Raise StaleEpochError unless ``epoch`` is the stage's current attempt."""
@@ -350,7 +535,7 @@ class Coordinator:
             return self._trigger(tx, kind, reason)
 
     def _trigger(self, tx: _Tx, kind: CheckpointKind, reason: TriggerReason) -> int:
-        graph = StageGraph.from_dict(tx.pipeline["graph"])
+        graph = self._shape(tx)
         rows = self._stage_rows(tx.conn)
         progress = {
             sid: StageProgress(
@@ -425,11 +610,18 @@ class Coordinator:
     def _ack(
         self, tx: _Tx, checkpoint_id: int, stage_id: str, epoch: int, *, by_finish: bool
     ) -> AckOutcome:
-        ck = self._checkpoint_row(tx.conn, checkpoint_id)
+        # Only the columns an ack needs: the whole plan (O(stages + finished splits) of JSON)
+        # would make every ack O(graph).
+        ck = self._checkpoint_row(
+            tx.conn,
+            checkpoint_id,
+            t.checkpoints.c.state,
+            t.checkpoints.c.acks_pending,
+            t.checkpoints.c.plan["to_ack"].label("to_ack"),
+        )
         if ck["state"] != CheckpointState.PENDING.value:
             return AckOutcome.NOT_PENDING
-        plan = CheckpointPlan.from_dict(ck["plan"])
-        if stage_id not in plan.to_ack:
+        if stage_id not in (ck["to_ack"] or ()):
             raise IllegalTransitionError(
                 f"checkpoint {checkpoint_id} does not wait for stage {stage_id!r} "
                 f"(it was not running when the checkpoint was triggered)"
@@ -597,9 +789,15 @@ class Coordinator:
         size: int | None = None
         if self.writer is not None:
             try:
-                path, size = self.writer.write_checkpoint(record)
+                # The id was never completed (this transition holds the pipeline lock), so a
+                # chk-<id> directory already there is a leftover of a completion that failed or
+                # was rolled back by a crash (the id was allocated again): replace it.
+                path, size = self.writer.write_checkpoint(record, replace_orphan=True)
             except Exception as exc:  # storage failed: the checkpoint fails, the run goes on
                 self._abort(tx, checkpoint_id, f"writing checkpoint metadata failed: {exc}")
+                # What the failed write left (a complete-looking _metadata if the error came
+                # after the rename, an empty directory) goes once the abort committed.
+                tx.after_commit.append(partial(self._discard_leftover, checkpoint_id))
                 return False
         now = self.clock()
         self._update_checkpoint(
@@ -649,6 +847,62 @@ class Coordinator:
             self._update_checkpoint(tx.conn, int(cid), {"state": CheckpointState.DISCARDED.value})
             if path and self.writer is not None:
                 tx.after_commit.append(partial(self.writer.discard_checkpoint, str(path)))
+        if self.writer is not None:
+            # Every retention pass also finishes earlier discards that a crash or an I/O error
+            # interrupted (nothing else would ever retry them).
+            tx.after_commit.append(self._sweep_leftover_checkpoints)
+
+    def _discard_leftover(self, checkpoint_id: int) -> None:
+        """After commit: delete ``chk-<id>`` of a checkpoint that did not complete."""
+        discard = getattr(self.writer, "discard_checkpoint_dir", None)
+        if discard is not None:
+            discard(self.pipeline_key, checkpoint_id)
+
+    def _sweep_leftover_checkpoints(self) -> None:
+        """After commit: delete the directories of ABORTED and DISCARDED checkpoints that
+        checkpoint storage still holds (an interrupted discard, a failed completion).
+
+        Both states are final, so no transition can need those files again; the states are read
+        after the commit, outside the lock, and a PENDING checkpoint being written concurrently
+        is never touched. Best effort: a failure is logged and retried at the next pass.
+        """
+        list_ids = getattr(self.writer, "checkpoint_dir_ids", None)
+        discard = getattr(self.writer, "discard_checkpoint_dir", None)
+        if list_ids is None or discard is None:
+            return
+        on_disk = list_ids(self.pipeline_key)
+        if not on_disk:
+            return
+        with self._read() as conn:
+            gone = sorted(
+                int(cid)
+                for cid in conn.execute(
+                    select(t.checkpoints.c.checkpoint_id).where(
+                        t.checkpoints.c.pipeline_key == self.pipeline_key,
+                        t.checkpoints.c.checkpoint_id.in_(on_disk),
+                        t.checkpoints.c.state.in_(
+                            [CheckpointState.ABORTED.value, CheckpointState.DISCARDED.value]
+                        ),
+                    )
+                ).scalars()
+            )
+        for cid in gone:
+            try:
+                discard(self.pipeline_key, cid)
+            except Exception:
+                log.warning(
+                    "pipeline %r: cannot delete the directory of checkpoint %d (retried at the "
+                    "next retention pass)",
+                    self.pipeline_key,
+                    cid,
+                    exc_info=True,
+                )
+            else:
+                log.info(
+                    "pipeline %r: deleted the leftover directory of checkpoint %d",
+                    self.pipeline_key,
+                    cid,
+                )
 
     def _build_record(self, tx: _Tx, ck: RowMapping) -> CheckpointRecord:
         checkpoint_id = int(ck["checkpoint_id"])
@@ -703,7 +957,7 @@ class Coordinator:
             checkpoint_id=checkpoint_id,
             kind=CheckpointKind(ck["kind"]),
             reason=TriggerReason(ck["reason"]),
-            graph=tx.pipeline["graph"],
+            graph=self._graph_data(tx.conn),
             graph_fingerprint=tx.pipeline["fingerprint"],
             triggered_at=float(ck["triggered_at"]),
             completed_at=self.clock(),
@@ -758,15 +1012,7 @@ class Coordinator:
 
     def _eager_trigger(self, tx: _Tx) -> int | None:
         stop = self._latest_stop(tx.conn)
-        if (
-            stop is not None
-            and stop.mode is StopMode.SAVEPOINT
-            and stop.state
-            in (
-                StopState.REQUESTED,
-                StopState.COMPLETED,
-            )
-        ):
+        if suspends(stop):
             return None  # the stage waits for that exact savepoint
         draining = (
             stop is not None and stop.mode is StopMode.DRAIN and stop.state is StopState.REQUESTED
@@ -810,40 +1056,85 @@ class Coordinator:
         Called by whoever waits for the stage (its deferred trigger) on every poll, so a final
         checkpoint that was aborted (timeout, storage failure, failed savepoint) is replaced at
         once instead of waiting for the next periodic one. Returns the triggered id, if any.
+
+        Read-only fast path: almost always a candidate is in flight and nothing timed out, so
+        the write transition (the pipeline lock every other transition waits for) is taken
+        only when a read shows it would change something; under the lock everything is
+        checked again.
         """
+        with self._read() as conn:
+            if not self._final_checkpoint_work(conn, stage_id, expire=True):
+                return None
         with self._transition() as tx:
             self._expire(tx)
-            row = self._stage_row(tx.conn, stage_id)
-            if row["lifecycle"] != StageLifecycle.FINISHED.value:
-                return None
-            stop = self._latest_stop(tx.conn)
-            if (
-                stop is not None
-                and stop.mode is StopMode.SAVEPOINT
-                and stop.state
-                in (
-                    StopState.REQUESTED,
-                    StopState.COMPLETED,
-                )
-            ):
-                return None
-            threshold = int(row["finish_threshold"])
-            candidates = tx.conn.execute(
-                select(func.count()).where(
-                    t.checkpoints.c.pipeline_key == self.pipeline_key,
-                    t.checkpoints.c.checkpoint_id >= threshold,
-                    t.checkpoints.c.state.in_(
-                        [
-                            CheckpointState.PENDING.value,
-                            CheckpointState.COMPLETED.value,
-                            CheckpointState.DISCARDED.value,
-                        ]
-                    ),
-                )
-            ).scalar_one()
-            if candidates:
+            if not self._final_checkpoint_work(tx.conn, stage_id, expire=False):
                 return None
             return self._eager_trigger(tx)
+
+    def _checkpoint_timeout(self, conn: Connection) -> float:
+        """The pipeline's checkpoint timeout; UnknownPipelineError if it is not registered."""
+        timeout = conn.execute(
+            select(t.pipelines.c.checkpoint_timeout_s).where(
+                t.pipelines.c.pipeline_key == self.pipeline_key
+            )
+        ).scalar()
+        if timeout is None:
+            raise UnknownPipelineError(
+                f"pipeline {self.pipeline_key!r} is not registered in the coordination store"
+            )
+        return float(timeout)
+
+    def _final_checkpoint_work(self, conn: Connection, stage_id: str, *, expire: bool) -> bool:
+        """Does ``ensure_final_checkpoint`` have anything to do: (``expire``) a pending
+        checkpoint to time out, or a FINISHED stage without a checkpoint in flight or completed
+        that can close it (and no stop with savepoint it must wait for)?"""
+        if expire:
+            timeout = self._checkpoint_timeout(conn)
+            expired = conn.execute(
+                select(t.checkpoints.c.checkpoint_id)
+                .where(
+                    t.checkpoints.c.pipeline_key == self.pipeline_key,
+                    t.checkpoints.c.state == CheckpointState.PENDING.value,
+                    t.checkpoints.c.triggered_at < self.clock() - float(timeout),
+                )
+                .limit(1)
+            ).first()
+            if expired is not None:
+                return True
+        row = (
+            conn.execute(
+                select(t.stages.c.lifecycle, t.stages.c.finish_threshold).where(
+                    t.stages.c.pipeline_key == self.pipeline_key, t.stages.c.stage_id == stage_id
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise UnknownStageError(
+                f"stage {stage_id!r} is not part of pipeline {self.pipeline_key!r}"
+            )
+        if row["lifecycle"] != StageLifecycle.FINISHED.value:
+            return False
+        stop = self._latest_stop(conn)
+        if suspends(stop):
+            return False
+        candidate = conn.execute(
+            select(t.checkpoints.c.checkpoint_id)
+            .where(
+                t.checkpoints.c.pipeline_key == self.pipeline_key,
+                t.checkpoints.c.checkpoint_id >= int(row["finish_threshold"]),
+                t.checkpoints.c.state.in_(
+                    [
+                        CheckpointState.PENDING.value,
+                        CheckpointState.COMPLETED.value,
+                        CheckpointState.DISCARDED.value,
+                    ]
+                ),
+            )
+            .limit(1)
+        ).first()
+        return candidate is None
 
     def committable_transactions(self, stage_id: str) -> list[SinkTransaction]:
         """Pre-committed transactions of the stage covered by a completed checkpoint."""
@@ -937,6 +1228,9 @@ class Coordinator:
                     "updated_at": self.clock(),
                 },
             )
+            if self.writer is not None:
+                # A discard interrupted at the last completion would otherwise stay forever.
+                tx.after_commit.append(self._sweep_leftover_checkpoints)
             return uncommitted
 
     def reset_stage(self, stage_id: str) -> StageView:
@@ -1190,16 +1484,7 @@ class Coordinator:
         with self._transition() as tx:
             row = self._stage_row(tx.conn, stage_id)
             self._fence(row, epoch)
-            stop = self._latest_stop(tx.conn)
-            if (
-                stop is None
-                or stop.mode is not StopMode.SAVEPOINT
-                or stop.state
-                not in (
-                    StopState.REQUESTED,
-                    StopState.COMPLETED,
-                )
-            ):
+            if not suspends(self._latest_stop(tx.conn)):
                 raise IllegalTransitionError(
                     f"stage {stage_id!r} cannot suspend: no stop-with-savepoint is in progress"
                 )
@@ -1250,6 +1535,75 @@ class Coordinator:
             return self._latest_stop(conn)
 
     # ------------------------------------------------------------------ queries
+
+    def waiting_snapshot(self) -> PipelineSnapshot:
+        """Everything waiting stages decide on, in one read transaction of four statements
+        whatever the number of stages (a consistent snapshot: REPEATABLE READ on PostgreSQL,
+        SQLite's read transaction). UnknownPipelineError if the pipeline is not registered."""
+        s, c = t.stages, t.checkpoints
+
+        def first(*where: Any) -> Any:
+            """The lowest checkpoint id >= the stage's finish threshold matching ``where``
+            (a correlated subquery: the database answers every stage in one statement)."""
+            return (
+                select(func.min(c.c.checkpoint_id))
+                .where(
+                    c.c.pipeline_key == s.c.pipeline_key,
+                    s.c.lifecycle == StageLifecycle.FINISHED.value,
+                    c.c.checkpoint_id >= s.c.finish_threshold,
+                    *where,
+                )
+                .correlate(s)
+                .scalar_subquery()
+            )
+
+        candidate_states = [
+            CheckpointState.PENDING.value,
+            CheckpointState.COMPLETED.value,
+            CheckpointState.DISCARDED.value,
+        ]
+        with self._read() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            timeout = self._checkpoint_timeout(conn)
+            rows = conn.execute(
+                select(
+                    s.c.stage_id,
+                    s.c.lifecycle,
+                    s.c.epoch,
+                    s.c.finish_threshold,
+                    s.c.closed_checkpoint_id,
+                    first(c.c.completed_at.is_not(None)).label("first_completed_id"),
+                    first(c.c.state.in_(candidate_states)).label("first_candidate_id"),
+                ).where(s.c.pipeline_key == self.pipeline_key)
+            ).all()
+            pending = conn.execute(
+                select(c.c.checkpoint_id, c.c.triggered_at)
+                .where(
+                    c.c.pipeline_key == self.pipeline_key,
+                    c.c.state == CheckpointState.PENDING.value,
+                )
+                .order_by(c.c.checkpoint_id)
+            ).all()
+            stop = self._latest_stop(conn)
+        return PipelineSnapshot(
+            pipeline_key=self.pipeline_key,
+            checkpoint_timeout_s=float(timeout),
+            stages={
+                r.stage_id: WaitingStage(
+                    stage_id=r.stage_id,
+                    lifecycle=StageLifecycle(r.lifecycle),
+                    epoch=int(r.epoch),
+                    finish_threshold=r.finish_threshold,
+                    closed_checkpoint_id=r.closed_checkpoint_id,
+                    first_completed_id=r.first_completed_id,
+                    first_candidate_id=r.first_candidate_id,
+                )
+                for r in rows
+            },
+            stop=stop,
+            pending=tuple((int(cid), float(at)) for cid, at in pending),
+        )
 
     def stages(self) -> dict[str, StageView]:
         with self._read() as conn:
@@ -1364,10 +1718,11 @@ class Coordinator:
             .values(**values)
         )
 
-    def _checkpoint_row(self, conn: Connection, checkpoint_id: int) -> RowMapping:
+    def _checkpoint_row(self, conn: Connection, checkpoint_id: int, *columns: Any) -> RowMapping:
+        """The checkpoint's row (only ``columns`` if given); UnknownCheckpointError if none."""
         row = (
             conn.execute(
-                select(t.checkpoints).where(
+                select(*(columns or (t.checkpoints,))).where(
                     t.checkpoints.c.pipeline_key == self.pipeline_key,
                     t.checkpoints.c.checkpoint_id == checkpoint_id,
                 )
@@ -1428,7 +1783,7 @@ class Coordinator:
             t.acks.c.pipeline_key == self.pipeline_key, t.acks.c.stage_id == stage_id
         )
         rows = conn.execute(
-            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.plan)
+            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.plan["to_ack"])
             .where(
                 t.checkpoints.c.pipeline_key == self.pipeline_key,
                 t.checkpoints.c.state == CheckpointState.PENDING.value,
@@ -1436,7 +1791,8 @@ class Coordinator:
             )
             .order_by(t.checkpoints.c.checkpoint_id)
         ).all()
-        return [int(cid) for cid, plan in rows if stage_id in plan["to_ack"]]
+        # Only the plan's to_ack list (the running stages) is read, not the whole plan.
+        return [int(cid) for cid, to_ack in rows if stage_id in (to_ack or ())]
 
     def _latest_completed_id(self, conn: Connection) -> int | None:
         cid = conn.execute(

@@ -97,3 +97,7 @@ class ForeignCheckpointError(FinalCheckpointError):
 
 class DrainedSavepointError(FinalCheckpointError):
     """A drained savepoint cannot be resumed or restored: its windows already fired."""
+
+
+class UnknownRunError(CoordinationError):
+    """No pipeline run is known for this Airflow DAG run (no stage task of it has started)."""

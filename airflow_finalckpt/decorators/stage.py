@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
 from airflow_finalckpt.spark.stage import Transform
@@ -46,6 +46,16 @@ class StageDecorator:
             **overrides,
         }
         return FinalCheckpointStageOperator(transform=self.transform, **kwargs)
+
+
+@overload
+def finalckpt_stage(transform: Transform, **operator_kwargs: Any) -> StageDecorator: ...
+
+
+@overload
+def finalckpt_stage(
+    transform: None = None, **operator_kwargs: Any
+) -> Callable[[Transform], StageDecorator]: ...
 
 
 def finalckpt_stage(

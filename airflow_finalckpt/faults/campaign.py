@@ -220,7 +220,7 @@ def _plan_run(
         attempts.append((first,))
         kills.append(None)
     elif not spark and (kill or rng.random() < 0.1):
-        purpose = "external kill"
+        purpose = "random kill"  # SIGKILL from outside; not an external-fault scenario
         attempts.append(())
         # a longer pipeline (one split per batch), killed early enough to land inside it
         batch_sizes = dict.fromkeys(FAKE_STAGES, 1)
@@ -493,8 +493,6 @@ def _classify(outcome: AttemptOutcome, kill_planned: bool) -> tuple[str | None, 
         f"attempt {outcome.label} ended {outcome.status} (exit {outcome.exitcode})"
         f"{': ' + detail if detail else ''}; faults fired: {fired or 'none'}"
     )
-    if outcome.status == "failed" and Action.ZOMBIE in actions:
-        return "FC-4", description
     return None, description
 
 
@@ -611,6 +609,7 @@ class CampaignResult:
             "runs": len(self.reports),
             "fake_runs": sum(1 for r in self.reports if r.plan.kind == FAKE),
             "spark_runs": sum(1 for r in self.reports if r.plan.kind == SPARK),
+            "external_runs": sum(1 for r in self.reports if r.plan.purpose.startswith("external")),
             "faulted_runs": sum(1 for r in self.reports if r.faulted),
             "faulted_spark_runs": sum(
                 1 for r in self.reports if r.faulted and r.plan.kind == SPARK
@@ -682,9 +681,11 @@ class CampaignResult:
         f = self.figures()
         actions = ", ".join(f"{a} {n}" for a, n in f["faults_by_action"].items())
         known = ", ".join(f"{k} {n}" for k, n in f["known_issues"].items())
+        external = f", {f['external_runs']} external" if f["external_runs"] else ""
         return (
             f"fault campaign seed={self.seed} store={self.store}: {f['runs']} runs "
-            f"({f['fake_runs']} fake, {f['spark_runs']} spark), {f['faulted_runs']} faulted "
+            f"({f['fake_runs']} fake, {f['spark_runs']} spark{external}), "
+            f"{f['faulted_runs']} faulted "
             f"({f['faulted_spark_runs']} spark), {f['faults']} faults ({actions}) at "
             f"{f['points_fired']}/{f['points_total']} points, {f['attempts']} attempts | "
             f"lost {f['lost']}, duplicated {f['duplicated']}, wrong {f['wrong']}, "
@@ -740,6 +741,25 @@ def _lane(
         worker.close()
 
 
+def _external_lane(
+    env: Environment,
+    names: Sequence[str],
+    first_index: int,
+    progress: Callable[[RunReport], None] | None,
+) -> list[RunReport]:
+    from airflow_finalckpt.faults.external import run_external
+
+    worker = WorkerHandle(FAKE, str(env.workdir / "worker-external.out"), spare=True)
+    try:
+        reports = run_external(env, names, worker, first_index=first_index)
+    finally:
+        worker.close()
+    for report in reports:
+        if progress is not None:
+            progress(report)
+    return reports
+
+
 def run_campaign(
     runs: int,
     seed: int,
@@ -752,9 +772,11 @@ def run_campaign(
     fake_lanes: int = 1,
     gc_grace_s: float | None = 0.0,
     progress: Callable[[RunReport], None] | None = None,
+    external: Sequence[str] = (),
 ) -> CampaignResult:
-    """Plan and execute a campaign; Spark runs and fake runs go in parallel lanes."""
-    plans = plan_campaign(runs, seed, spark_runs)
+    """Plan and execute a campaign; Spark runs and fake runs go in parallel lanes, then the
+    ``external`` scenarios (see :mod:`airflow_finalckpt.faults.external`) one after another."""
+    plans = plan_campaign(runs, seed, spark_runs) if runs or not external else []
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     start = time.monotonic()
     root = (
@@ -784,6 +806,8 @@ def run_campaign(
             thread.start()
         for thread in threads:
             thread.join()
+        if external:
+            reports += _external_lane(env, external, runs, progress)
     finally:
         env.cleanup()
     reports.sort(key=lambda r: r.plan.index)
@@ -808,17 +832,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gc-grace", type=float, default=0.0, help="GC grace period after closes (s)"
     )
+    parser.add_argument(
+        "--external",
+        default="",
+        help="also run external-fault scenarios, comma-separated: disk-full, store-restart, "
+        "stop-savepoint, stop-drain, stop (both stops), all",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per run")
     args = parser.parse_args(argv)
+    external = [name for name in args.external.split(",") if name]
+    if args.runs < (0 if external else 1):
+        parser.error("--runs must be >= 1 (or >= 0 with --external)")
+    try:
+        from airflow_finalckpt.faults.external import expand_names
+
+        expand_names(external)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     def progress(report: RunReport) -> None:
         fired = "; ".join(
             FaultSpec.from_dict(_spec_fields(f)).describe() for f in report.fired
-        ) or ("external kill" if report.kills else "no fault fired")
+        ) or ("random kill" if report.kills else "no fault fired")
         status = "ok" if not report.problems() else "PROBLEMS"
+        purpose = report.plan.purpose
+        label = f"{purpose}: " if purpose.startswith("external") else ""
         print(
             f"{report.plan.run_id} {report.plan.kind:5} {len(report.attempts)} attempts "
-            f"{report.seconds:5.1f} s {status}: {fired}",
+            f"{report.seconds:5.1f} s {status}: {label}{fired}",
             file=sys.stderr,
             flush=True,
         )
@@ -835,6 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fake_lanes=args.fake_lanes,
         gc_grace_s=args.gc_grace,
         progress=progress if args.verbose else None,
+        external=external,
     )
     print(result.summary(), flush=True)
     for report in result.reports:

@@ -179,10 +179,12 @@ class FaultyStorage(CheckpointStorage):
         super().__init__(root_uri, storage_options)
         self.injector = injector
 
-    def write_checkpoint(self, record: CheckpointRecord) -> tuple[str, int]:
+    def write_checkpoint(
+        self, record: CheckpointRecord, *, replace_orphan: bool = False
+    ) -> tuple[str, int]:
         self.injector.hit("metadata-before-write")
         with rename_hook(lambda _dst: self.injector.hit("metadata-mid-write")):
-            written = super().write_checkpoint(record)
+            written = super().write_checkpoint(record, replace_orphan=replace_orphan)
         self.injector.hit("metadata-after-write")
         return written
 

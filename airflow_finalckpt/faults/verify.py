@@ -49,34 +49,11 @@ _TXN_ID = re.compile(r"^(?P<stage>[^.]+)\..*\.e(?P<epoch>\d+)$")
 #: Defects the campaign found in code outside the fault harness, not fixed yet. A finding that
 #: matches one is reported under its id instead of as a failure; the tests in
 #: tests/integration/test_fault_campaign.py reproduce each one (strict xfail), so a fix shows.
-KNOWN_ISSUES = {
-    "FC-1": (
-        "a checkpoint whose _metadata write failed after the file was in place (an error after "
-        "the rename) or whose completing transition rolled back after the write (a crash) "
-        "keeps its chk-<id> directory: a complete-looking _metadata (or an empty directory) of "
-        "a checkpoint the coordinator aborted or never recorded; a rolled-back id is allocated "
-        "again and that checkpoint is then aborted ('different metadata')"
-    ),
-    "FC-2": (
-        "retention marks a checkpoint DISCARDED and deletes its files after the commit; if that "
-        "deletion is interrupted (crash, I/O error) the directory stays and nothing retries"
-    ),
-    "FC-3": (
-        "a stale (zombie) attempt that staged a batch before its newer attempt started "
-        "pre-commits it afterwards; the newer attempt's orphan sweep already ran, so the sealed "
-        "transaction stays staged in the sinks (never visible, never aborted)"
-    ),
-    "FC-4": (
-        "a stale (zombie) attempt is stopped only by its next fenced call; until then it keeps "
-        "processing, and may fail with another error (e.g. an input that garbage collection "
-        "removed after the newer attempt closed the stage) instead of StaleEpochError"
-    ),
-    "FC-5": (
-        "a crash inside an atomic write (a state file, an output part, a _metadata) leaves its "
-        "hidden temporary file (.<name>.tmp-<hex>); when that directory stays (a retained "
-        "checkpoint, a still referenced output part or state directory) nothing removes it"
-    ),
-}
+#: FC-1 to FC-5 are fixed (see docs/guarantees.md): what they left behind (chk-<id> directories
+#: of aborted or discarded checkpoints, staged transactions of stale attempts, temporary files of
+#: atomic writes) now counts as leaked, and a zombie ending with anything but StaleEpochError as
+#: unexpected.
+KNOWN_ISSUES: dict[str, str] = {}
 
 
 class ReadableSink(Protocol):
@@ -286,16 +263,14 @@ def check_transactions(
                 f"({known or 'unknown to the coordinator'})"
             )
             match = _TXN_ID.match(txn_id)
-            stale = (
+            if (
                 known is None
                 and match is not None
                 and match["stage"] in epochs
                 and int(match["epoch"]) < epochs[match["stage"]]
-            )
-            if stale:
-                verdict.note_known("FC-3", detail)
-            else:
-                verdict.leaked.append(detail)
+            ):
+                detail += f", sealed by a stale attempt (epoch {match['epoch']})"
+            verdict.leaked.append(detail)
 
 
 # ------------------------------------------------------------------------------ storage
@@ -386,15 +361,9 @@ def check_storage(
         seen.add(cid)
         if cid not in retained:
             info = infos.get(cid)
-            state = info.state.value if info is not None else "unknown to the coordinator"
+            what = f"of a {info.state.value} checkpoint" if info else "(unknown to the coordinator)"
             files = [p.rsplit("/", 1)[-1] for p in _files_under(storage, f"{pipeline_dir}/{name}")]
-            detail = f"{name} of a {state} checkpoint is still in storage: {files}"
-            if info is not None and info.state is CheckpointState.DISCARDED:
-                verdict.note_known("FC-2", detail)
-            elif info is None or info.state is CheckpointState.ABORTED:
-                verdict.note_known("FC-1", detail)
-            else:
-                verdict.leaked.append(detail)
+            verdict.leaked.append(f"{name} {what} is still in storage: {files}")
     for cid, info in sorted(retained.items()):
         if cid not in seen:
             verdict.broken.append(f"checkpoint {cid}: COMPLETED but its directory is gone")
@@ -403,7 +372,7 @@ def check_storage(
         _restorable(storage, key, cid, info.metadata_path, verdict)
     for path in _files_under(storage, pipeline_dir):
         if TEMP_MARKER in path.rsplit("/", 1)[-1]:
-            verdict.note_known("FC-5", f"temporary file {path[len(pipeline_dir) + 1 :]}")
+            verdict.leaked.append(f"temporary file {path[len(pipeline_dir) + 1 :]}")
     for root in sink_roots:
         for path in _files_under(storage, root):
             if SINK_TEMP_MARKER in path.rsplit("/", 1)[-1]:

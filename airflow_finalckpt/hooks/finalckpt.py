@@ -32,13 +32,13 @@ from airflow_finalckpt.config import (
     env_var_name,
     load_settings,
     mask_url,
+    resolve_setting,
     store_url_from_connection,
 )
 from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.storage import CheckpointStorage
-from airflow_finalckpt.store.engine import make_engine
-from airflow_finalckpt.store.migrate import ensure_schema
+from airflow_finalckpt.store.connect import RetryCallback, open_store
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -49,24 +49,38 @@ _ENGINES: dict[tuple[int, str], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def shared_engine(store_url: str) -> Engine:
+def shared_engine(
+    store_url: str,
+    *,
+    retries: int | None = None,
+    backoff_s: float | None = None,
+    on_retry: RetryCallback | None = None,
+) -> Engine:
     """One engine per store URL and process, its schema brought to head once.
 
+    The first call of a process connects with bounded retries and exponential back-off
+    (``retries`` / ``backoff_s``, default: the ``store_connect_retries`` /
+    ``store_connect_backoff_s`` settings) and raises StoreUnreachableError (a
+    ConfigurationError naming the masked URL and the attempts) if the database never answers.
     Keyed by pid too: an engine (and its pool) must never be shared across a fork. An engine
-    whose schema check failed is not cached, so the next call retries.
+    whose schema check failed is not cached, so the next call retries. The lock is not held
+    while connecting: a store that is down does not block callers of other stores.
     """
     key = (os.getpid(), store_url)
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
-        if engine is None:
-            engine = make_engine(store_url)
-            try:
-                ensure_schema(engine)
-            except BaseException:
-                engine.dispose()
-                raise
-            _ENGINES[key] = engine
+    if engine is not None:
         return engine
+    if retries is None:
+        retries = int(resolve_setting("store_connect_retries")[0])
+    if backoff_s is None:
+        backoff_s = float(resolve_setting("store_connect_backoff_s")[0])
+    engine = open_store(store_url, retries=retries, backoff_s=backoff_s, on_retry=on_retry)
+    with _ENGINES_LOCK:
+        cached = _ENGINES.setdefault(key, engine)
+    if cached is not engine:  # another thread was faster
+        engine.dispose()
+    return cached
 
 
 def dispose_engines() -> None:
@@ -157,10 +171,19 @@ class FinalCkptHook(BaseHook):
     # ------------------------------------------------------------------ resources
 
     def get_engine(self) -> Engine:
-        """The engine of the coordination store (cached per URL, schema ensured once)."""
-        url = self.get_settings().store_url
+        """The engine of the coordination store (cached per URL, schema ensured once).
+
+        An unreachable store is retried with back-off (``store_connect_retries``,
+        ``store_connect_backoff_s``), then StoreUnreachableError; nothing is created meanwhile.
+        """
+        settings = self.get_settings()
+        url = settings.store_url
         try:
-            return shared_engine(url)
+            return shared_engine(
+                url,
+                retries=settings.store_connect_retries,
+                backoff_s=settings.store_connect_backoff_s,
+            )
         except ConfigurationError:
             raise
         except Exception as exc:

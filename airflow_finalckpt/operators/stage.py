@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,14 @@ from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.restore import plan_restore
-from airflow_finalckpt.runtime.runner import CommitMode, RunStatus, StageRunner, StageSpec
+from airflow_finalckpt.plugins.links import PipelineLink
+from airflow_finalckpt.runtime.runner import (
+    CommitMode,
+    RunResult,
+    RunStatus,
+    StageRunner,
+    StageSpec,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,7 +45,18 @@ log = logging.getLogger(__name__)
 END_OF_DATA_KEY = "end_of_data"
 #: What this attempt did (status, splits processed, whether Spark was started): the run's record.
 STAGE_RUN_KEY = "stage_run"
+#: A stage run through spark-submit: its submission id, driver epoch and Spark application id.
+SPARK_SUBMISSION_KEY = "spark_submission"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
+
+
+@dataclass
+class StageRun:
+    """What running an attempt produced: the runner's result and whether Spark was used."""
+
+    result: RunResult
+    runner: StageRunner
+    spark_started: bool
 
 
 def default_pipeline_key(dag_id: str, run_id: str) -> str:
@@ -66,6 +85,8 @@ class FinalCheckpointStageOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline_key", "spark_master")
     ui_color = "#fde2c4"
+    #: "Pipeline": the pipeline page of the task's DAG run in the Airflow UI
+    operator_extra_links = (PipelineLink(),)
 
     def __init__(
         self,
@@ -85,6 +106,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         spark_conn_id: str = "spark_default",
         finalckpt_conn_id: str = "finalckpt_default",
         poll_interval: float = 0.5,
+        spark_execution: str | None = None,
+        spark_deploy_mode: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -107,6 +130,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.finalckpt_conn_id = finalckpt_conn_id
         self.poll_interval = poll_interval
+        self.spark_execution = spark_execution
+        self.spark_deploy_mode = spark_deploy_mode
         self._spark: SparkSession | None = None
 
     # ------------------------------------------------------------------ graph and settings
@@ -157,6 +182,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         coordinator: Coordinator = hook.get_coordinator(key)
         graph = self.pipeline_graph()
         coordinator.register(graph)
+        coordinator.link_dag_run(self.dag_id, context["run_id"])
         if record is not None:
             plan = plan_restore(record, graph, pipeline_key=key)
             if coordinator.restore(plan, record, str(restore_from)):
@@ -164,8 +190,92 @@ class FinalCheckpointStageOperator(BaseOperator):
         self._log_resume_point(coordinator)
 
         splits, manifests = self._splits(context)
+        run = self._run_stage(context, key, coordinator, settings, storage, splits, manifests)
+        result, runner = run.result, run.runner
+        context["ti"].xcom_push(
+            key=STAGE_RUN_KEY,
+            value={
+                "status": result.status.value,
+                "epoch": runner.epoch,
+                "processed_splits": list(result.processed_splits),
+                "skipped_splits": result.skipped_splits,
+                "spark_started": run.spark_started,
+            },
+        )
+        if result.status is RunStatus.SUSPENDED:
+            return self._wait_for_resume(runner, key, settings, result.savepoint_id)
+        return self._wait_and_close(context, runner, key, settings)
+
+    def _wait_for_resume(
+        self, runner: StageRunner, key: str, settings: Any, savepoint_id: int | None
+    ) -> None:
+        """Suspended by a stop with savepoint: release Spark, wait deferred (no worker slot)."""
+        from airflow_finalckpt.triggers.final_checkpoint import StageResumeTrigger
+
+        self.on_kill()  # releases this attempt's SparkSession, if it started one
+        assert runner.epoch is not None
+        self.log.info(
+            "stage %s is suspended at savepoint %s: Spark released, waiting for a resume "
+            "(deferred, no worker slot)",
+            self.stage_id,
+            savepoint_id,
+        )
+        self.defer(
+            trigger=StageResumeTrigger(
+                pipeline_key=key,
+                stage_id=self.stage_id,
+                store_url=settings.store_url,
+                poll_interval=max(self.poll_interval, 1.0),
+                epoch=runner.epoch,
+            ),
+            method_name="execute_resumed",
+            kwargs={"pipeline_key": key, "epoch": runner.epoch},
+        )
+
+    def execute_resumed(
+        self,
+        context: Context,
+        event: Mapping[str, Any] | None = None,
+        pipeline_key: str = "",
+        epoch: int = 0,
+    ) -> Any:
+        """Back from a suspension: continue the stage from its durable progress (same run)."""
+        event = event or {}
+        if event.get("status") != "resumed":
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r}: waiting for the resume of pipeline {pipeline_key!r} "
+                f"ended with {event.get('status')!r}: {event.get('message', event)}"
+            )
+        self.log.info(
+            "pipeline %s %s: stage %s continues from its savepoint (attempt epoch was %d)",
+            pipeline_key,
+            "resumed" if event.get("reason") == "resumed" else f"goes on ({event.get('message')})",
+            self.stage_id,
+            epoch,
+        )
+        return self.execute(context)
+
+    def _run_stage(
+        self,
+        context: Context,
+        key: str,
+        coordinator: Coordinator,
+        settings: Any,
+        storage: Any,
+        splits: Sequence[str],
+        manifests: Mapping[str, list[str]],
+    ) -> StageRun:
+        """Run this attempt's batches (or suspend, or skip a finished stage): in this process
+        with a SparkSession from ``spark_master`` / the ``spark_conn_id`` connection (local,
+        client mode or Spark Connect), or in a driver submitted through ``spark-submit``."""
+        from airflow_finalckpt.spark.launch import ExecutionMode
         from airflow_finalckpt.spark.stage import SparkStageLogic
 
+        target = self._spark_target()
+        if target.mode is ExecutionMode.SUBMIT and not self._already_finished(coordinator):
+            return self._run_submitted(
+                context, key, coordinator, settings, storage, splits, manifests
+            )
         logic = SparkStageLogic(
             self._spark_session,
             storage,
@@ -174,10 +284,22 @@ class FinalCheckpointStageOperator(BaseOperator):
             self._transform(),
             on_finish=self.on_finish,
             sinks=self.sinks,
-            upstream_manifests=manifests,
+            upstream_manifests=dict(manifests),
         )
+        runner = self._runner(coordinator, key, settings, splits, logic)
+        result = runner.run()
+        return StageRun(result=result, runner=runner, spark_started=logic.spark_started)
+
+    def _runner(
+        self,
+        coordinator: Coordinator,
+        key: str,
+        settings: Any,
+        splits: Sequence[str],
+        logic: Any,
+    ) -> StageRunner:
         interval = self.checkpoint_interval or settings.checkpoint_interval_s
-        runner = StageRunner(
+        return StageRunner(
             coordinator,
             StageSpec(
                 pipeline_key=key,
@@ -189,26 +311,9 @@ class FinalCheckpointStageOperator(BaseOperator):
             ),
             logic,
             self.sinks,
-            output_handle=logic.output_handle,
+            output_handle=getattr(logic, "output_handle", None),
             log=self.log,
         )
-        result = runner.run()
-        context["ti"].xcom_push(
-            key=STAGE_RUN_KEY,
-            value={
-                "status": result.status.value,
-                "epoch": runner.epoch,
-                "processed_splits": list(result.processed_splits),
-                "skipped_splits": result.skipped_splits,
-                "spark_started": logic.spark_started,
-            },
-        )
-        if result.status is RunStatus.SUSPENDED:
-            raise FinalCheckpointError(
-                f"stage {self.stage_id!r} suspended at savepoint {result.savepoint_id}; resume "
-                "the pipeline to continue"
-            )
-        return self._wait_and_close(context, runner, key, settings)
 
     def _wait_and_close(
         self, context: Context, runner: StageRunner, key: str, settings: Any
@@ -323,36 +428,131 @@ class FinalCheckpointStageOperator(BaseOperator):
         return self.transform
 
     def _spark_session(self) -> SparkSession:
+        """The in-process session: ``local[*]``, a cluster master (client mode) or, for an
+        ``sc://`` URL, a Spark Connect session (static settings such as the UI are the
+        Connect server's, so only ``spark_conf`` is applied there)."""
         from pyspark.sql import SparkSession
 
-        builder = SparkSession.builder.appName(f"finalckpt-{self.dag_id}-{self.task_id}")
-        builder = builder.master(self.spark_master or self._master_from_connection())
-        for k, v in {"spark.ui.enabled": "false", **self.spark_conf}.items():
+        from airflow_finalckpt.spark.launch import ExecutionMode
+
+        target = self._spark_target()
+        self.log.info("stage %s runs Spark %s", self.stage_id, target.describe())
+        builder = SparkSession.builder
+        if target.mode is ExecutionMode.CONNECT:
+            builder = builder.remote(target.master)
+            conf = dict(self.spark_conf)
+        else:
+            builder = builder.master(target.master)
+            conf = {"spark.ui.enabled": "false", **self.spark_conf}
+        builder = builder.appName(f"finalckpt-{self.dag_id}-{self.task_id}")
+        for k, v in conf.items():
             builder = builder.config(k, v)
         self._spark = builder.getOrCreate()
         return self._spark
 
+    def _spark_target(self) -> Any:
+        """Execution mode, master and deploy mode (``airflow_finalckpt.spark.launch``)."""
+        from airflow_finalckpt.spark.launch import resolve_target
+
+        target = getattr(self, "_resolved_target", None)
+        if target is None:
+            target = resolve_target(
+                spark_master=self.spark_master,
+                spark_conn_id=self.spark_conn_id,
+                execution=self.spark_execution,
+                deploy_mode=self.spark_deploy_mode,
+            )
+            self._resolved_target = target
+        return target
+
     def _master_from_connection(self) -> str:
         """The master of the ``spark_conn_id`` connection (parsed by the Spark provider's
-        hook), or ``local[*]`` when that connection does not exist."""
-        from airflow.sdk import BaseHook
-        from airflow.sdk.exceptions import AirflowNotFoundException
+        hooks: ``sc://`` for a ``spark_connect`` connection), or ``local[*]`` when that
+        connection does not exist."""
+        from airflow_finalckpt.spark.launch import DEFAULT_MASTER, connection_info, mask_master
 
-        try:
-            BaseHook.get_connection(self.spark_conn_id)
-        except AirflowNotFoundException:
-            return "local[*]"
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+        info = connection_info(self.spark_conn_id)
+        if info is None:
+            return DEFAULT_MASTER
+        self.log.info(
+            "Spark master %s from connection %s", mask_master(info.master), self.spark_conn_id
+        )
+        return info.master
 
-        master = SparkSubmitHook(conn_id=self.spark_conn_id)._connection["master"]
-        self.log.info("Spark master %s from connection %s", master, self.spark_conn_id)
-        return str(master)
+    def _already_finished(self, coordinator: Coordinator) -> bool:
+        """A finished or closed stage submits no Spark job: the in-process path skips it."""
+        from airflow_finalckpt.core.model import StageLifecycle
+
+        lifecycle = coordinator.stage(self.stage_id).lifecycle
+        return lifecycle in (StageLifecycle.FINISHED, StageLifecycle.CLOSED)
+
+    def _run_submitted(
+        self,
+        context: Context,
+        key: str,
+        coordinator: Coordinator,
+        settings: Any,
+        storage: Any,
+        splits: Sequence[str],
+        manifests: Mapping[str, list[str]],
+    ) -> StageRun:
+        """spark-submit the stage: the driver runs the runtime; this task reads its result
+        (or reconnects to a driver a previous try submitted and that still runs)."""
+        from airflow_finalckpt.spark.submit import SubmitLauncher
+
+        interval = self.checkpoint_interval or settings.checkpoint_interval_s
+        launcher = SubmitLauncher(
+            self._spark_target(),
+            storage,
+            store_url=settings.store_url,
+            store_url_masked=settings.masked_store_url(),
+            storage_options=settings.storage_options,
+            spark_conf=self.spark_conf,
+            app_name=f"finalckpt-{self.dag_id}-{self.task_id}",
+            log=self.log,
+        )
+        self._launcher: SubmitLauncher | None = launcher
+        job, code = launcher.build_job(
+            pipeline_key=key,
+            stage_id=self.stage_id,
+            splits=splits,
+            batch_size=self.batch_size,
+            checkpoint_interval_s=float(interval),
+            commit_mode=self.commit_mode.value,
+            upstream_manifests=manifests,
+            transform=self._transform(),
+            on_finish=self.on_finish,
+            sinks=self.sinks,
+        )
+        outcome = launcher.run(job, code)
+        context["ti"].xcom_push(
+            key=SPARK_SUBMISSION_KEY,
+            value={
+                "submission_id": outcome.submission_id,
+                "epoch": outcome.epoch,
+                "app_id": outcome.app_id,
+                "reconnected": outcome.reconnected,
+            },
+        )
+        runner = self._runner(coordinator, key, settings, splits, _NoLogic())
+        runner.epoch = outcome.epoch
+        return StageRun(result=outcome.result, runner=runner, spark_started=True)
 
     def on_kill(self) -> None:
-        """Stop the Spark work of this attempt (its uncommitted batch is redone later)."""
+        """Stop the Spark work of this attempt (its uncommitted batch is redone later): the
+        in-process session's jobs, or the submitted driver (through the hook's on_kill)."""
+        launcher, self._launcher = getattr(self, "_launcher", None), None
+        if launcher is not None:
+            launcher.on_kill()
         if self._spark is not None:
-            self._spark.sparkContext.cancelAllJobs()
-            self._spark.stop()
+            spark, self._spark = self._spark, None
+            from airflow_finalckpt.spark.launch import ExecutionMode
+
+            if self._spark_target().mode is ExecutionMode.CONNECT:
+                spark.interruptAll()  # a Connect session has no SparkContext
+            else:
+                spark.sparkContext.cancelAllJobs()
+            spark.stop()
 
 
 class _NoLogic:

@@ -1,7 +1,7 @@
 """Garbage collection of intermediate outputs and superseded state.
 
 A pipeline directory holds, besides the ``chk-<id>/`` checkpoint directories (owned by
-checkpoint retention, never touched here)::
+checkpoint retention; only stray temporary files are removed from them here)::
 
     data/<stage>/<batch key>/            an output part (Parquet, read by downstream stages)
     data/<stage>/_parts/<batch key>.json the output handle listing it (``output:<part>,...``)
@@ -24,6 +24,10 @@ Every batch writes new files; the coordinator and the checkpoints reference some
 - a unit whose newest file is younger than the grace period is kept (a batch in flight in
   another process has not been recorded yet), and so is any unit of a RUNNING stage newer than
   that stage's last recorded batch (a batch that runs longer than the grace period).
+
+Temporary files of atomic writes that a crash cut short (``.<name>.tmp-<hex>``, never read)
+are deleted where their directory stays: inside kept units and inside ``chk-<id>/`` directories
+(the only thing collection touches there), under the same grace and in-flight rules.
 
 Deleting is idempotent and safe to run concurrently with other collectors and with running
 stages: files that vanish meanwhile are fine. The scaffolding directories (``data/``,
@@ -67,6 +71,8 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX
 from airflow_finalckpt.storage import CheckpointStorage, validate_state_path
+from airflow_finalckpt.storage.atomic import TEMP_MARKER
+from airflow_finalckpt.storage.paths import parse_checkpoint_dir_name
 from airflow_finalckpt.store import schema as t
 
 log = logging.getLogger(__name__)
@@ -457,6 +463,29 @@ class _Files:
         known = [x for x in (*dir_times, *file_times) if x is not None]
         return _Stats(files, size, max(known) if known else None)
 
+    def fs_path(self, relpath: str) -> str:
+        return f"{self.base}/{relpath}"
+
+    def temporaries(self) -> list[tuple[str, dict[str, Any]]]:
+        """Temporary files of atomic writes under ``data/``, ``state/`` and ``chk-<id>/``
+        (relative path, info), from one recursive listing of the pipeline directory."""
+        try:
+            found = self.fs.find(self.base, detail=True)
+        except FileNotFoundError:
+            return []
+        result = []
+        for name, info in found.items():
+            path = str(name).rstrip("/")
+            if not path.startswith(self.base + "/") or info.get("type") == "directory":
+                continue
+            relpath = path[len(self.base) + 1 :]
+            top = relpath.split("/", 1)[0]
+            if TEMP_MARKER not in posixpath.basename(relpath):
+                continue
+            if top in _ROOTS or parse_checkpoint_dir_name(top) is not None:
+                result.append((relpath, info))
+        return sorted(result, key=lambda item: item[0])
+
     def mtime(self, relpath: str) -> float | None:
         try:
             return _mtime(self.fs.info(f"{self.base}/{relpath}"))
@@ -567,7 +596,8 @@ def collect_garbage(
     deleted: list[GcEntry] = []
     kept: list[KeptEntry] = []
     errors: list[str] = []
-    for unit in files.units():
+    units = files.units()
+    for unit in units:
         why = index.sources(unit.relpath)
         if why is not None:
             kept.append(KeptEntry(unit.relpath, KeepReason.REFERENCED, "; ".join(sorted(why))))
@@ -610,6 +640,7 @@ def collect_garbage(
                 deleted.append(entry)
         except OSError as exc:
             errors.append(f"cannot delete {unit.relpath}: {exc}")
+    _collect_temporaries(files, units, col.now, grace_s, running, markers, dry_run, deleted, errors)
     notes = list(dict.fromkeys(col.refs.notes))
     for sid in sorted(col.refs.parts):
         if sid not in needed_by and graph.stages.get(sid) is not None and graph.downstream(sid):
@@ -629,6 +660,50 @@ def collect_garbage(
     )
     log.debug("%s", report.summary())
     return report
+
+
+def _collect_temporaries(
+    files: _Files,
+    units: list[_Unit],
+    now: float,
+    grace_s: float,
+    running: set[str],
+    markers: Mapping[str, float | None],
+    dry_run: bool,
+    deleted: list[GcEntry],
+    errors: list[str],
+) -> None:
+    """Delete the temporary files of atomic writes that a crash cut short
+    (``.<name>.tmp-<hex>``) inside what is kept: a referenced output part or state directory,
+    a checkpoint directory. Nothing reads them (readers only look at final names); they go once
+    older than the grace period, unless their stage is RUNNING and they are newer than its last
+    recorded batch (a write may be in flight). Temporary files that are units themselves, or
+    inside units deleted above, are already dealt with."""
+    unit_paths = {u.relpath for u in units}
+    gone = {e.path for e in deleted}
+    for relpath, info in files.temporaries():
+        parts = relpath.split("/")
+        if relpath in unit_paths or any("/".join(parts[:d]) in gone for d in range(1, len(parts))):
+            continue
+        mtime = _mtime(info)
+        if mtime is None or now - mtime < grace_s:
+            continue
+        stage = _stage_of(relpath)
+        if stage in running:
+            marker = markers.get(stage)
+            if marker is None or mtime >= marker:
+                continue
+        entry = GcEntry(relpath, False, 1, int(info.get("size") or 0))
+        if dry_run:
+            deleted.append(entry)
+            continue
+        try:
+            files.fs.rm_file(files.fs_path(relpath))
+            deleted.append(entry)
+        except FileNotFoundError:
+            pass  # removed concurrently
+        except OSError as exc:
+            errors.append(f"cannot delete {relpath}: {exc}")
 
 
 def _last_recorded(files: _Files, view: StageView) -> float | None:

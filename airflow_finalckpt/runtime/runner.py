@@ -23,8 +23,12 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from airflow_finalckpt.core.assignment import batches, remaining_splits
-from airflow_finalckpt.core.coordinator import Coordinator
-from airflow_finalckpt.core.errors import FinalCheckpointError, IllegalTransitionError
+from airflow_finalckpt.core.coordinator import Coordinator, StopRequest, draining, suspends
+from airflow_finalckpt.core.errors import (
+    FinalCheckpointError,
+    IllegalTransitionError,
+    StaleEpochError,
+)
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
     EndOfData,
@@ -32,8 +36,6 @@ from airflow_finalckpt.core.model import (
     StageLifecycle,
     StageSnapshot,
     StateHandle,
-    StopMode,
-    StopState,
     TriggerReason,
 )
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
@@ -182,6 +184,20 @@ class StageRunner:
                 self.epoch,
             )
             return RunResult(RunStatus.FINISHED, eod, skipped_splits=len(self.spec.splits))
+        if view.lifecycle is StageLifecycle.SUSPENDED:
+            stop = self.coordinator.stop_request()
+            self.log.info(
+                "stage %s does not start: the run is stopped with savepoint %s; it waits for a "
+                "resume",
+                stage_id,
+                stop.savepoint_id if stop else None,
+            )
+            return RunResult(
+                RunStatus.SUSPENDED,
+                skipped_splits=len(view.progress.finished_splits),
+                savepoint_id=stop.savepoint_id if stop else None,
+            )
+        source = not self.coordinator.graph().upstream(stage_id)
         self._abort_orphaned_transactions()
         progress = view.progress
         pending = remaining_splits(self.spec.splits, progress.finished_splits)
@@ -203,19 +219,20 @@ class StageRunner:
         unread = 0
         todo = batches(pending, self.spec.batch_size) if pending else []
         for index, splits in enumerate(todo):
-            stop = self.coordinator.stop_request()
-            if stop is not None and stop.state is StopState.REQUESTED:
-                if stop.mode is StopMode.DRAIN:
-                    drain = True
-                    unread = sum(len(b) for b in todo[index:])
-                    self.log.info(
-                        "stop with drain requested: stage %s stops taking input, %d splits "
-                        "left unread",
-                        stage_id,
-                        unread,
-                    )
-                    break
+            stop = self._batch_boundary()
+            if suspends(stop):
                 return self._suspend(tracker)
+            if source and draining(stop):
+                drain = True
+                unread = sum(len(b) for b in todo[index:])
+                self.log.info(
+                    "stop with drain: source stage %s stops taking input, %d of %d splits left "
+                    "unread",
+                    stage_id,
+                    unread,
+                    tracker.total,
+                )
+                break
             batch = Batch(index=index, key=batch_key(splits), splits=tuple(splits))
             out = self._process(batch)
             if out.parts and self.output_handle is not None:
@@ -224,14 +241,18 @@ class StageRunner:
                 state = list(out.state)
             self.fault("before-record-batch")
             txns = self._precommit(batch.key)
-            outcome = self.coordinator.record_batch(
-                stage_id,
-                self.epoch,
-                finished_splits=batch.splits,
-                state=[*outputs, *state],
-                transactions=txns,
-                watermark=out.watermark,
-            )
+            try:
+                outcome = self.coordinator.record_batch(
+                    stage_id,
+                    self.epoch,
+                    finished_splits=batch.splits,
+                    state=[*outputs, *state],
+                    transactions=txns,
+                    watermark=out.watermark,
+                )
+            except StaleEpochError:
+                self._abort_stale_transactions(txns)
+                raise
             self.fault("after-record-batch")
             tracker.done += len(batch.splits)
             tracker.processed.extend(batch.splits)
@@ -242,19 +263,49 @@ class StageRunner:
                 last_trigger = now
             if self.spec.commit_mode is CommitMode.PROGRESSIVE:
                 self.commit_covered()
-        stop = self.coordinator.stop_request()
-        if (
-            not drain
-            and stop is not None
-            and stop.state is StopState.REQUESTED
-            and stop.mode is StopMode.DRAIN
-        ):
-            drain = True
+        stop = self._batch_boundary()
+        if suspends(stop):
+            # All splits done but not finished: a savepoint stop keeps the stage unfinished
+            # (no end of input, no window fires); it finishes right after the resume.
+            return self._suspend(tracker)
+        drain = drain or draining(stop) or self._upstream_drained()
         return self._finish(tracker, outputs, state, drain=drain, unread=unread)
+
+    def _batch_boundary(self) -> StopRequest | None:
+        """Fenced read before each batch: a zombie attempt stops here, before any Spark work."""
+        assert self.epoch is not None
+        try:
+            return self.coordinator.batch_boundary(self.spec.stage_id, self.epoch)
+        except StaleEpochError as exc:
+            self.log.info(
+                "stage %s: this attempt (epoch %d) is stale, epoch %d owns the stage now; "
+                "stopping without further work",
+                self.spec.stage_id,
+                self.epoch,
+                exc.current,
+            )
+            raise
+
+    def _upstream_drained(self) -> bool:
+        """end_of_data with drain=true flows downstream: a stage fed by a drained stage is
+        drained too (its output is complete for what was read, not for all the input)."""
+        graph = self.coordinator.graph()
+        views = self.coordinator.stages()
+        for up in graph.upstream(self.spec.stage_id):
+            final = views[up].final_snapshot
+            if final is not None and final.end_of_data is not None and final.end_of_data.drain:
+                return True
+        return False
 
     def _process(self, batch: Batch) -> BatchOutput:
         self.fault("before-batch")
-        out = self.logic.process(batch, self._txn_ids(batch.key))
+        try:
+            out = self.logic.process(batch, self._txn_ids(batch.key))
+        except Exception:
+            # A zombie that stalled inside its batch may find its inputs collected by the
+            # newer attempt: report what really happened (StaleEpochError), not a missing file.
+            self._batch_boundary()
+            raise
         self.fault("mid-batch")
         return out
 
@@ -269,6 +320,39 @@ class StageRunner:
             for txn_id in [self._txn_ids(key)[sid]]
         ]
 
+    def _abort_stale_transactions(self, txns: Sequence[SinkTransaction]) -> None:
+        """A newer attempt took the stage over while this one pre-committed ``txns``, so the
+        coordinator refused to record them and nobody else will ever abort them (the newer
+        attempt's orphan sweep may have run before they were sealed). Their ids carry this
+        attempt's epoch: no other attempt owns them, abort them in the sinks. Best effort: the
+        StaleEpochError being handled is what the caller must see."""
+        for txn in txns:
+            sink = self.sinks.get(txn.sink_id)
+            if sink is None:
+                continue
+            try:
+                sink.abort(txn)
+            except Exception as exc:
+                warn = getattr(self.log, "warning", self.log.info)
+                warn(
+                    "stage %s: cannot abort transaction %s of sink %s of this stale attempt "
+                    "(epoch %s): %s",
+                    self.spec.stage_id,
+                    txn.txn_id,
+                    txn.sink_id,
+                    self.epoch,
+                    exc,
+                )
+            else:
+                self.log.info(
+                    "stage %s: aborted transaction %s of sink %s: this attempt (epoch %s) is "
+                    "stale, it was never recorded",
+                    self.spec.stage_id,
+                    txn.txn_id,
+                    txn.sink_id,
+                    self.epoch,
+                )
+
     def _finish(
         self,
         tracker: Progress,
@@ -280,7 +364,11 @@ class StageRunner:
     ) -> RunResult:
         assert self.epoch is not None
         key = "finish"
-        out = self.logic.finish(drain, self._txn_ids(key))
+        try:
+            out = self.logic.finish(drain, self._txn_ids(key))
+        except Exception:
+            self._batch_boundary()  # a stale attempt stops with StaleEpochError (see _process)
+            raise
         if out.parts and self.output_handle is not None:
             outputs = [
                 *outputs,
@@ -291,18 +379,25 @@ class StageRunner:
         txns = self._precommit(key)
         self.fault("before-finish")
         manifest = [part for h in outputs for part in _parts_of(h)]
-        result = self.coordinator.finish(
-            self.spec.stage_id,
-            self.epoch,
-            StageSnapshot(
-                state=(*outputs, *state),
-                pending_transactions=tuple(txns),
-                watermark=MAX_WATERMARK,
-                end_of_data=EndOfData(
-                    drain=drain, manifest=manifest, watermark=MAX_WATERMARK, unread_splits=unread
+        try:
+            result = self.coordinator.finish(
+                self.spec.stage_id,
+                self.epoch,
+                StageSnapshot(
+                    state=(*outputs, *state),
+                    pending_transactions=tuple(txns),
+                    watermark=MAX_WATERMARK,
+                    end_of_data=EndOfData(
+                        drain=drain,
+                        manifest=manifest,
+                        watermark=MAX_WATERMARK,
+                        unread_splits=unread,
+                    ),
                 ),
-            ),
-        )
+            )
+        except StaleEpochError:
+            self._abort_stale_transactions(txns)
+            raise
         self.fault("after-finish")
         self.log.info(
             "stage %s finished (%s): %d splits processed in this attempt, %d parts; final "
@@ -324,9 +419,9 @@ class StageRunner:
     def _suspend(self, tracker: Progress) -> RunResult:
         """Stop with savepoint: answer the savepoint at this batch boundary, do not finish."""
         assert self.epoch is not None
-        outcome = self.coordinator.record_batch(self.spec.stage_id, self.epoch)
+        self.coordinator.record_batch(self.spec.stage_id, self.epoch)
         self.coordinator.suspend(self.spec.stage_id, self.epoch)
-        stop = outcome.stop
+        stop = self.coordinator.stop_request()
         self.log.info(
             "stop with savepoint: stage %s suspended at a batch boundary (%d/%d splits done); "
             "savepoint %s",

@@ -190,6 +190,13 @@ class SqlTableSink(TwoPhaseCommitSink):
             raise InvalidIdentifierError(f"column name {TXN_COLUMN!r} is reserved by the sink")
         return name
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments, with a
+        fresh engine; the URL keeps its password, so treat the pickle as a secret."""
+        url = self.engine.url.render_as_string(hide_password=False)
+        keys = list(self.key_columns) or None
+        return (type(self), (self.sink_id, url, self.table_name, self.columns, keys))
+
     @property
     def staging_table_name(self) -> str:
         return self.table_name + STAGING_SUFFIX

@@ -96,6 +96,17 @@ class BatchContext:
 Transform = Callable[[BatchContext], DataFrame | None]
 
 
+def is_spark_session(obj: object) -> bool:
+    """A classic SparkSession or a Spark Connect one (which is not a subclass of it)."""
+    if isinstance(obj, SparkSession):
+        return True
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except Exception:  # the Connect client's dependencies (grpc) are optional
+        return False
+    return isinstance(obj, ConnectSession)
+
+
 class SparkStageLogic:
     """Implements the runtime's StageLogic with a user transform on a SparkSession."""
 
@@ -122,17 +133,23 @@ class SparkStageLogic:
         self.handles: dict[str, StateHandle] = {}
         self.pending_state: dict[str, DataFrame] = {}
         self.watermark: int | None = None
+        #: Per stage attempt, never persisted: stage-global state frames already read back
+        #: (by handle path: global state is written once and never changes), and whatever a
+        #: transform wants to remember between the batches of this attempt (``attempt_memo``).
+        self._global_frames: dict[str, DataFrame] = {}
+        self.attempt_memo: dict[str, Any] = {}
 
     @property
     def spark(self) -> SparkSession:
         """Created on first use: a stage that is skipped on restore never starts Spark."""
-        if not isinstance(self._spark, SparkSession):
-            self._spark = self._spark()
-        return self._spark
+        if not is_spark_session(self._spark):
+            factory: Callable[[], SparkSession] = self._spark  # type: ignore[assignment]
+            self._spark = factory()
+        return self._spark  # type: ignore[return-value]
 
     @property
     def spark_started(self) -> bool:
-        return isinstance(self._spark, SparkSession)
+        return is_spark_session(self._spark)
 
     # -- StageLogic ------------------------------------------------------------------------
 
@@ -214,14 +231,20 @@ class SparkStageLogic:
         handle = self.handles.get(name)
         if handle is None:
             return None
+        if name.startswith(GLOBAL_PREFIX) and handle.path in self._global_frames:
+            # Stage-global state is immutable once written: read it back once per attempt.
+            return self._global_frames[handle.path]
         doc: dict[str, Any] = json.loads(self.storage.read_state(self.pipeline_key, handle))
         path = self._resolve(str(doc["path"]))
         try:
-            return self.spark.read.parquet(spark_path(path))
+            frame = self.spark.read.parquet(spark_path(path))
         except Exception as exc:
             raise StorageError(
                 f"stage {self.stage_id!r}: state {name!r} at {path} cannot be read: {exc}"
             ) from exc
+        if name.startswith(GLOBAL_PREFIX):
+            self._global_frames[handle.path] = frame
+        return frame
 
     def read_parts(self, parts: Sequence[str]) -> DataFrame:
         if not parts:

@@ -171,29 +171,38 @@ class CheckpointStorage:
         except OSError as exc:
             raise StorageError(f"cannot read {self._public(fs_path)}: {exc}") from exc
 
-    def write_checkpoint(self, record: CheckpointRecord) -> tuple[str, int]:
+    def write_checkpoint(
+        self, record: CheckpointRecord, *, replace_orphan: bool = False
+    ) -> tuple[str, int]:
         """Atomically and durably write ``_metadata``: the checkpoint is complete once it exists.
 
-        Rewriting identical bytes is a no-op (a retried write); different bytes for an existing
-        checkpoint are refused, because checkpoint ids are never reused.
+        Rewriting identical bytes is a no-op (a retried write). Different bytes for an existing
+        checkpoint are refused, because checkpoint ids are never reused, unless
+        ``replace_orphan``: the caller (the coordinator, completing this id under the pipeline
+        lock) knows the id was never completed, so whatever its directory holds was left by a
+        completion that failed or was rolled back (a complete-looking ``_metadata``, a temporary
+        file, an empty directory): the directory is cleared and written afresh.
         """
         fs_dir = self._checkpoint_fs_dir(record.pipeline_key, record.checkpoint_id)
         fs_path = f"{fs_dir}/{METADATA_FILE_NAME}"
         data = dump_metadata(record)
         existing = self._read_bytes(fs_path)
-        if existing is not None and existing != data:
+        if existing == data:
+            return self._public(fs_path), len(data)
+        if existing is not None and not replace_orphan:
             raise StorageError(
                 f"checkpoint {record.checkpoint_id} of pipeline {record.pipeline_key!r} already "
                 f"has different metadata at {self._public(fs_path)}; checkpoint ids are never "
                 "reused"
             )
-        if existing is None:
-            try:
-                atomic_write(self.fs, fs_path, data)
-            except OSError as exc:
-                raise StorageError(
-                    f"cannot write checkpoint metadata {self._public(fs_path)}: {exc}"
-                ) from exc
+        try:
+            if replace_orphan and self.fs.exists(fs_dir):
+                self.fs.rm(fs_dir, recursive=True)
+            atomic_write(self.fs, fs_path, data)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot write checkpoint metadata {self._public(fs_path)}: {exc}"
+            ) from exc
         return self._public(fs_path), len(data)
 
     def read_checkpoint(self, path: str) -> CheckpointRecord:
@@ -227,6 +236,24 @@ class CheckpointStorage:
             raise StorageError(
                 f"cannot discard checkpoint {location.checkpoint_dir}: {exc}"
             ) from exc
+
+    def discard_checkpoint_dir(self, pipeline_key: str, checkpoint_id: int) -> None:
+        """Delete ``chk-<id>`` of a pipeline, complete or not (as ``discard_checkpoint``)."""
+        self.discard_checkpoint(self.metadata_path(pipeline_key, checkpoint_id))
+
+    def checkpoint_dir_ids(self, pipeline_key: str) -> list[int]:
+        """Ids of every ``chk-<id>`` directory of a pipeline, with or without ``_metadata``
+        (one listing of the pipeline directory), ascending."""
+        fs_dir = self._pipeline_fs_dir(pipeline_key)
+        self.fs.invalidate_cache(fs_dir)
+        try:
+            entries = self.fs.ls(fs_dir, detail=False)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"cannot list {self._public(fs_dir)}: {exc}") from exc
+        ids = (parse_checkpoint_dir_name(posixpath.basename(str(e).rstrip("/"))) for e in entries)
+        return sorted(i for i in ids if i is not None)
 
     def list_checkpoints(self, pipeline_key: str) -> list[tuple[int, str]]:
         """Completed checkpoints (those with ``_metadata``) as (id, metadata path), by id."""

@@ -130,3 +130,15 @@ stop_requests = Table(
     Column("failure_reason", Text, nullable=True),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
+
+#: The Airflow DAG runs a pipeline run spans (a retry or resume keeps its run; a restore adds
+#: one). Lets the UI, REST and CLI find a pipeline from ``DAG_ID RUN_ID`` without Airflow's DB.
+dag_runs = Table(
+    "finalckpt_dag_runs",
+    metadata,
+    Column("dag_id", KEY, primary_key=True),
+    Column("run_id", KEY, primary_key=True),
+    Column("pipeline_key", KEY, nullable=False, index=True),
+    Column("created_at", Float, nullable=False),
+    ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
+)

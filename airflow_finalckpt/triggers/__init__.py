@@ -5,6 +5,7 @@ from __future__ import annotations
 from airflow_finalckpt.triggers.final_checkpoint import (
     FinalCheckpointTrigger,
     StageClosedTrigger,
+    StageResumeTrigger,
 )
 
-__all__ = ["FinalCheckpointTrigger", "StageClosedTrigger"]
+__all__ = ["FinalCheckpointTrigger", "StageClosedTrigger", "StageResumeTrigger"]

@@ -1,21 +1,25 @@
-"""Triggers that wait, in Airflow's triggerer, for a stage's final checkpoint.
+"""Triggers that wait, in Airflow's triggerer, for a stage's final checkpoint or its resume.
 
 A finished stage holds no worker slot while it waits for the checkpoint that lets it close
 (DESIGN.md: "No worker slot while waiting"). Its task defers to ``FinalCheckpointTrigger``,
-which polls the coordination store and resumes the task once the stage may close. Any other task
-can wait for a stage's committed output with ``StageClosedTrigger`` (see FinalCheckpointSensor).
+which polls the coordination store and resumes the task once the stage may close. A stage
+suspended by a stop with savepoint defers to ``StageResumeTrigger`` until the run is resumed.
+Any other task can wait for a stage's committed output with ``StageClosedTrigger`` (see
+FinalCheckpointSensor).
 
-Both triggers run in the triggerer, which has no task context: they reach the store with
+All triggers run in the triggerer, which has no task context: they reach the store with
 ``make_engine(store_url)`` directly, never through Airflow's metadata database, and every
 blocking database call runs in a worker thread (``asyncio.to_thread``), never on the event loop.
+Waiters of one pipeline share one read of the store per poll interval (``triggers.snapshots``):
+only a waiter that read gives something to do asks the coordinator, which decides again.
 Their kwargs are plain JSON values, so they serialize into the trigger table (where Airflow
 encrypts them) and are rebuilt from ``serialize()`` after a triggerer restart.
 
 Events (a dict payload; every one carries ``pipeline_key`` and ``stage_id``):
 
 - ``{"status": "closable", "checkpoint_id": N}``: the stage may close on checkpoint N;
-- ``{"status": "suspended", "savepoint_id": N, "stop_request_id": R}``: a stop-with-savepoint
-  completed while the stage waited and no checkpoint can close it until the run is resumed;
+- ``{"status": "resumed", "reason": ...}``: (StageResumeTrigger) the suspended run was resumed
+  or its savepoint failed; the stage continues;
 - ``{"status": "closed", "checkpoint_id": N}``: the stage is CLOSED, its output committed;
 - ``{"status": "error", "message": ..., "error_type": ...}``: waiting makes no sense any more
   (unknown pipeline or stage, reset stage, stale attempt, unreachable or newer store...);
@@ -33,7 +37,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from airflow_finalckpt.config import load_settings, mask_storage_options, mask_url
-from airflow_finalckpt.core.coordinator import Coordinator, StageView
+from airflow_finalckpt.core.coordinator import (
+    Coordinator,
+    PipelineSnapshot,
+    StageView,
+    StopRequest,
+)
 from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
     UnknownPipelineError,
@@ -42,9 +51,10 @@ from airflow_finalckpt.core.errors import (
 from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
 from airflow_finalckpt.hooks.finalckpt import shared_engine
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.triggers.snapshots import shared_snapshot
 
 STATUS_CLOSABLE = "closable"
-STATUS_SUSPENDED = "suspended"
+STATUS_RESUMED = "resumed"
 STATUS_CLOSED = "closed"
 STATUS_ERROR = "error"
 STATUS_TIMEOUT = "timeout"
@@ -111,6 +121,9 @@ class _StagePollingTrigger(BaseTrigger):
         self.timeout = None if timeout is None else float(timeout)
         # An absolute deadline survives a triggerer restart (a relative timeout would restart).
         self.deadline = _deadline(self.timeout, deadline)
+        self._reported: str | None = None
+        # A shared snapshot read before this trigger existed may predate what it waits on.
+        self._created = time.monotonic()
 
     # ------------------------------------------------------------------ serialization
 
@@ -150,6 +163,16 @@ class _StagePollingTrigger(BaseTrigger):
     def _poll(self) -> _Poll:
         """One blocking look at the store (runs in a worker thread)."""
         raise NotImplementedError
+
+    def _shared_snapshot(self) -> PipelineSnapshot | None:
+        """The pipeline's snapshot shared with every waiter of this process (at most one read
+        per poll interval); None if the pipeline is not registered."""
+        return shared_snapshot(
+            self.store_url,
+            self.pipeline_key,
+            max_age=self.poll_interval,
+            not_before=self._created,
+        )
 
     def _where(self) -> str:
         return f"stage {self.stage_id!r} of pipeline {self.pipeline_key!r}"
@@ -211,6 +234,25 @@ class _StagePollingTrigger(BaseTrigger):
 
     def _what(self) -> str:
         raise NotImplementedError
+
+    def _report(self, state: str) -> None:
+        """Log what the wait is on, once per change (a poll runs every fraction of a second)."""
+        if state != self._reported:
+            self._reported = state
+            self.log.info("waiting for %s: %s", self._what(), state)
+
+    def _stale(self, epoch: int, current_epoch: int) -> _Poll:
+        """The error event of an attempt a newer one took over (its epoch is not current)."""
+        return _Poll(
+            self._event(
+                STATUS_ERROR,
+                message=(
+                    f"{self._where()}: this attempt (epoch {epoch}) is stale, epoch "
+                    f"{current_epoch} owns the stage now"
+                ),
+                error_type="StaleEpochError",
+            )
+        )
 
 
 class FinalCheckpointTrigger(_StagePollingTrigger):
@@ -285,19 +327,21 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
         return self._coordinator
 
     def _poll(self) -> _Poll:
+        snapshot = self._shared_snapshot()
+        if snapshot is not None and snapshot.final_checkpoint_idle(
+            self.stage_id, self.epoch, time.time()
+        ):
+            self._report_stop(snapshot.stop)
+            return _Poll()
+        return self._poll_coordinator()
+
+    def _poll_coordinator(self) -> _Poll:
+        """The coordinator decides (and may trigger or abort checkpoints): the shared snapshot
+        found something to do, or could not tell."""
         coordinator = self._get_coordinator()
         view = stage_view(coordinator, self.stage_id)
         if self.epoch is not None and view.epoch != self.epoch:
-            return _Poll(
-                self._event(
-                    STATUS_ERROR,
-                    message=(
-                        f"{self._where()}: this attempt (epoch {self.epoch}) is stale, epoch "
-                        f"{view.epoch} owns the stage now"
-                    ),
-                    error_type="StaleEpochError",
-                )
-            )
+            return self._stale(self.epoch, view.epoch)
         if view.lifecycle is StageLifecycle.CLOSED:
             assert view.closed_checkpoint_id is not None
             return _Poll(self._event(STATUS_CLOSABLE, checkpoint_id=view.closed_checkpoint_id))
@@ -316,20 +360,94 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
         checkpoint_id = coordinator.closable_checkpoint(self.stage_id)
         if checkpoint_id is not None:
             return _Poll(self._event(STATUS_CLOSABLE, checkpoint_id=checkpoint_id))
+        self._report_stop(coordinator.stop_request())
+        return _Poll()
+
+    def _report_stop(self, stop: StopRequest | None) -> None:
+        if stop is not None and stop.mode is StopMode.SAVEPOINT:
+            # A finished stage rides out a suspension here (still no worker slot): the resume
+            # triggers the checkpoint it closes on.
+            self._report(f"run {stop.state.value.lower()} by a stop with savepoint")
+
+
+class StageResumeTrigger(_StagePollingTrigger):
+    """Waits while a stage is suspended by a stop with savepoint (no worker slot, no Spark).
+
+    Fires ``{"status": "resumed", "reason": "resumed" | "stop failed"}`` once the run is resumed
+    or the savepoint failed (the run then keeps running), so the task continues the stage from
+    its durable progress in the same DAG run. Read-only: it never changes the store.
+
+    :param epoch: the suspended attempt's epoch; a newer attempt taking over ends the wait with
+        an error event.
+    """
+
+    def __init__(
+        self,
+        pipeline_key: str,
+        stage_id: str,
+        store_url: str,
+        poll_interval: float = 1.0,
+        timeout: float | None = None,
+        *,
+        epoch: int | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
+        self.epoch = epoch
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs = super()._kwargs()
+        kwargs["epoch"] = self.epoch
+        return kwargs
+
+    def _what(self) -> str:
+        return f"the resume of {self._where()}"
+
+    def _poll(self) -> _Poll:
+        snapshot = self._shared_snapshot()
+        if snapshot is not None and snapshot.resume_idle(self.stage_id, self.epoch):
+            assert snapshot.stop is not None
+            self._report_suspended(snapshot.stop)
+            return _Poll()
+        return self._poll_coordinator()
+
+    def _poll_coordinator(self) -> _Poll:
+        coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
+        view = stage_view(coordinator, self.stage_id)
+        if self.epoch is not None and view.epoch != self.epoch:
+            return self._stale(self.epoch, view.epoch)
         stop = coordinator.stop_request()
-        if (
-            stop is not None
-            and stop.mode is StopMode.SAVEPOINT
-            and stop.state is StopState.COMPLETED
-        ):
+        if stop is None or stop.state in (StopState.RESUMED, StopState.FAILED):
+            reason = (
+                "stop failed"
+                if stop is not None and stop.state is StopState.FAILED
+                else ("resumed")
+            )
             return _Poll(
                 self._event(
-                    STATUS_SUSPENDED,
-                    savepoint_id=stop.savepoint_id,
-                    stop_request_id=stop.request_id,
+                    STATUS_RESUMED,
+                    reason=reason,
+                    stop_request_id=stop.request_id if stop else None,
+                    message=stop.failure_reason if stop else None,
                 )
             )
+        if stop.mode is StopMode.DRAIN:
+            return _Poll(
+                self._event(
+                    STATUS_ERROR,
+                    message=f"{self._where()} is suspended but the run is being drained",
+                    error_type="IllegalTransitionError",
+                )
+            )
+        self._report_suspended(stop)
         return _Poll()
+
+    def _report_suspended(self, stop: StopRequest) -> None:
+        state = "savepoint in progress" if stop.state is StopState.REQUESTED else "suspended"
+        self._report(
+            f"{state} (savepoint {stop.savepoint_id}, stop requested by "
+            f"{stop.requested_by or 'unknown'})"
+        )
 
 
 class StageClosedTrigger(_StagePollingTrigger):
@@ -352,12 +470,18 @@ class StageClosedTrigger(_StagePollingTrigger):
         deadline: float | None = None,
     ) -> None:
         super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
-        self._reported: str | None = None
 
     def _what(self) -> str:
         return f"{self._where()} to close (its final checkpoint committed)"
 
     def _poll(self) -> _Poll:
+        snapshot = self._shared_snapshot()
+        if snapshot is not None and snapshot.closed_idle(self.stage_id):
+            self._report(f"is {snapshot.stages[self.stage_id].lifecycle.value}")
+            return _Poll()
+        return self._poll_coordinator()
+
+    def _poll_coordinator(self) -> _Poll:
         coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
         try:
             view = stage_view(coordinator, self.stage_id)
@@ -369,8 +493,3 @@ class StageClosedTrigger(_StagePollingTrigger):
             return _Poll(self._event(STATUS_CLOSED, checkpoint_id=view.closed_checkpoint_id))
         self._report(f"is {view.lifecycle.value}")
         return _Poll()
-
-    def _report(self, state: str) -> None:
-        if state != self._reported:
-            self._reported = state
-            self.log.info("waiting for %s: %s", self._what(), state)

@@ -62,20 +62,53 @@ def test_task_sdk_plugins_manager_loads_it() -> None:
     assert not ours_failed(import_errors), import_errors
 
 
-def test_plugin_registers_nothing_yet() -> None:
-    """No UI, app or link until they exist: a dangling registration breaks the API server."""
+def test_plugin_registers_the_app_views_and_link_only() -> None:
+    """The REST/UI app at /finalckpt, the pipeline tab of a DAG run, a top-level page and the
+    "Pipeline" extra link; nothing else (a dangling registration breaks the API server)."""
+    plugin = FinalCheckpointPlugin()
     for attr in (
-        "fastapi_apps",
         "fastapi_root_middlewares",
-        "external_views",
         "react_apps",
         "global_operator_extra_links",
-        "operator_extra_links",
         "macros",
-        "listeners",
         "timetables",
     ):
         assert getattr(FinalCheckpointPlugin, attr) == [], attr
+    (app,) = plugin.fastapi_apps
+    assert app["url_prefix"] == "/finalckpt" and app["app"] is plugin.fastapi_apps[0]["app"]
+    views = {v["destination"]: v for v in plugin.external_views}
+    assert views["dag_run"]["href"] == "/finalckpt/ui/dags/{DAG_ID}/runs/{RUN_ID}"
+    assert views["dag_run"]["url_route"] == "finalckpt-pipeline"
+    assert views["nav"]["href"] == "/finalckpt/ui/runs" and views["nav"]["nav_top_level"]
+    assert [link.name for link in plugin.operator_extra_links] == ["Pipeline"]
+
+
+def test_plugin_module_import_stays_cheap() -> None:
+    """Every Airflow component imports the plugin: no FastAPI app, store or Spark at import."""
+    code = (
+        "import sys, airflow_finalckpt.plugins.finalckpt_plugin as m\n"
+        "heavy = [n for n in ('fastapi', 'pyspark', 'airflow_finalckpt.plugins.api',\n"
+        "    'airflow_finalckpt.operators.stage', 'airflow_finalckpt.store.engine')\n"
+        "    if n in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+
+
+def test_airflow_serves_the_plugin_views_and_app() -> None:
+    """What Airflow's UI receives from GET /api/v2/plugins, and what the api-server mounts."""
+    from airflow import plugins_manager
+
+    external_views, _react_apps = plugins_manager._get_ui_plugins()
+    ours = [v for v in external_views if v["href"].startswith("/finalckpt/")]
+    assert {v["url_route"] for v in ours} == {"finalckpt", "finalckpt-pipeline"}
+    apps, _ = plugins_manager.get_fastapi_plugins()
+    assert [a["url_prefix"] for a in apps if a["name"] == "airflow-finalckpt"] == ["/finalckpt"]
+    info = [i for i in plugins_manager.get_plugin_info() if i["name"] == "finalckpt"]
+    assert info[0]["operator_extra_links"]
 
 
 def test_airflow_plugins_cli_lists_it(airflow_home: Any, tmp_path: Path) -> None:

@@ -35,7 +35,11 @@ from airflow_finalckpt.hooks.finalckpt import dispose_engines
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
-from airflow_finalckpt.triggers import FinalCheckpointTrigger, StageClosedTrigger
+from airflow_finalckpt.triggers import (
+    FinalCheckpointTrigger,
+    StageClosedTrigger,
+    StageResumeTrigger,
+)
 from airflow_finalckpt.triggers import final_checkpoint as trigger_module
 
 KEY = "trigger-pipeline"
@@ -209,7 +213,9 @@ def test_waits_for_savepoint_and_retriggers_after_it_is_aborted(store: Store) ->
     assert coordinator.stop_request().state is StopState.FAILED  # type: ignore[union-attr]
 
 
-def test_suspended_when_the_savepoint_completes_before_the_stage_can_close(store: Store) -> None:
+def test_a_finished_stage_waits_through_a_suspension_and_closes_after_resume(
+    store: Store,
+) -> None:
     coordinator = store.coordinator()
     register(coordinator, Stage("a"), Stage("c"))
     a = coordinator.start_attempt("a").epoch
@@ -223,17 +229,97 @@ def test_suspended_when_the_savepoint_completes_before_the_stage_can_close(store
         assert not waiting.done()
         outcome = await asyncio.to_thread(coordinator.record_batch, "c", c)
         assert outcome.completed == (savepoint,)
+        await asyncio.to_thread(coordinator.suspend, "c", c)
+        await asyncio.sleep(0.3)
+        assert not waiting.done(), "suspended: nothing can close the stage until the resume"
+        await asyncio.to_thread(coordinator.resume, "bob")
+        # c continues from its savepoint and answers the resume's checkpoint at its first batch
+        c2 = (await asyncio.to_thread(coordinator.start_attempt, "c")).epoch
+        await asyncio.to_thread(coordinator.record_batch, "c", c2)
         return await waiting
 
     event = run(scenario())
 
-    assert event.payload == {
-        "status": "suspended",
-        "savepoint_id": savepoint,
-        "stop_request_id": coordinator.stop_request().request_id,  # type: ignore[union-attr]
-        "pipeline_key": KEY,
-        "stage_id": "a",
-    }
+    assert event.payload["status"] == "closable"
+    assert event.payload["checkpoint_id"] > savepoint  # the resume's eager checkpoint
+
+
+def resume_trigger(store: Store, stage_id: str, **kwargs: Any) -> StageResumeTrigger:
+    kwargs.setdefault("poll_interval", 0.05)
+    kwargs.setdefault("timeout", 20)
+    return StageResumeTrigger(KEY, stage_id, store.url, **kwargs)
+
+
+def test_resume_trigger_waits_while_suspended_and_fires_on_resume(store: Store) -> None:
+    coordinator = store.coordinator()
+    register(coordinator, Stage("a"))
+    a = coordinator.start_attempt("a").epoch
+    coordinator.request_stop(StopMode.SAVEPOINT, "alice")
+    coordinator.record_batch("a", a)
+    coordinator.suspend("a", a)
+    before = coordinator.stop_request()
+    assert before is not None and before.state is StopState.COMPLETED
+
+    async def scenario() -> TriggerEvent:
+        waiting = asyncio.ensure_future(first_event(resume_trigger(store, "a", epoch=a)))
+        await asyncio.sleep(0.4)
+        assert not waiting.done()
+        await asyncio.to_thread(coordinator.resume, "bob")
+        return await waiting
+
+    event = run(scenario())
+
+    assert event.payload["status"] == "resumed"
+    assert event.payload["reason"] == "resumed"
+    assert event.payload["stop_request_id"] == before.request_id
+    assert coordinator.stage("a").lifecycle is StageLifecycle.SUSPENDED  # read-only trigger
+
+
+def test_resume_trigger_fires_when_the_savepoint_fails(store: Store) -> None:
+    coordinator = store.coordinator()
+    register(coordinator, Stage("a"), Stage("b"))
+    a = coordinator.start_attempt("a").epoch
+    coordinator.start_attempt("b")
+    savepoint = coordinator.request_stop(StopMode.SAVEPOINT).savepoint_id
+    assert savepoint is not None
+    coordinator.record_batch("a", a)
+    coordinator.suspend("a", a)  # b never answers: the savepoint is aborted
+
+    async def scenario() -> TriggerEvent:
+        waiting = asyncio.ensure_future(first_event(resume_trigger(store, "a", epoch=a)))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await asyncio.to_thread(coordinator.abort, savepoint, "declined by b")
+        return await waiting
+
+    event = run(scenario())
+
+    assert event.payload["status"] == "resumed"
+    assert event.payload["reason"] == "stop failed"
+    assert "declined by b" in event.payload["message"]
+
+
+def test_resume_trigger_of_a_stale_attempt_is_an_error(store: Store) -> None:
+    coordinator = store.coordinator()
+    register(coordinator, Stage("a"))
+    a = coordinator.start_attempt("a").epoch
+    coordinator.request_stop(StopMode.SAVEPOINT)
+    coordinator.record_batch("a", a)
+    coordinator.suspend("a", a)
+    coordinator.start_attempt("a")  # a retry took over (still suspended)
+
+    event = run(first_event(resume_trigger(store, "a", epoch=a)))
+
+    assert event.payload["status"] == "error"
+    assert event.payload["error_type"] == "StaleEpochError"
+
+
+def test_resume_trigger_round_trips_through_serialize(store: Store) -> None:
+    trigger = resume_trigger(store, "a", epoch=7)
+    classpath, kwargs = trigger.serialize()
+    rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs["epoch"] == 7
 
 
 # ---------------------------------------------------------------------------------- errors

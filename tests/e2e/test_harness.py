@@ -79,7 +79,9 @@ def test_sigkilled_task_process_is_retried(cluster: AirflowCluster, tmp_path: Pa
 
 def test_deferred_task_completes_via_triggerer(cluster: AirflowCluster, tmp_path: Path) -> None:
     progress = tmp_path / "defer.txt"
-    run_id = cluster.trigger_dag(DEFER_DAG, conf={"progress_file": str(progress), "seconds": 4})
+    # The trigger fires well after the deferring process exited: a trigger firing before the
+    # scheduler processed that exit fails the task (apache/airflow#71580 / #72716, Airflow 3.3)
+    run_id = cluster.trigger_dag(DEFER_DAG, conf={"progress_file": str(progress), "seconds": 12})
     ti = cluster.wait_for_task(DEFER_DAG, run_id, "deferred", ("deferred",), interval=0.2)
     assert ti["trigger"] and "temporal" in ti["trigger"]["classpath"], ti["trigger"]
 
@@ -96,7 +98,7 @@ def test_deferred_task_completes_via_triggerer(cluster: AirflowCluster, tmp_path
 
 def test_deferred_task_survives_triggerer_crash(cluster: AirflowCluster, tmp_path: Path) -> None:
     progress = tmp_path / "defer-crash.txt"
-    run_id = cluster.trigger_dag(DEFER_DAG, conf={"progress_file": str(progress), "seconds": 6})
+    run_id = cluster.trigger_dag(DEFER_DAG, conf={"progress_file": str(progress), "seconds": 14})
     cluster.wait_for_task(DEFER_DAG, run_id, "deferred", ("deferred",), interval=0.2)
     old_pid = cluster.component_pid("triggerer")
 

@@ -24,6 +24,7 @@ BENCHMARKS = (
     "final_checkpoint_latency",
     "steady_state_overhead",
     "resume_savings",
+    "stop_latency",
 )
 TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
     "benchmark": str,
@@ -48,6 +49,7 @@ CASE_MEDIANS = {
     "final_checkpoint_latency": {"p50_s", "p95_s", "reference_p50_s"},
     "steady_state_overhead": {"seconds"},
     "resume_savings": set(),
+    "stop_latency": {"batch_s", "prior_batch_s"},
 }
 RATIO_PREFIXES = {
     "coordinator_scale": (),
@@ -55,6 +57,12 @@ RATIO_PREFIXES = {
     "final_checkpoint_latency": ("reference_over_measured_p50/",),
     "steady_state_overhead": ("ours_over_plain/", "protocol_over_plain/"),
     "resume_savings": ("ours_over_ideal/", "retry_over_ideal/", "rerun_over_ideal/"),
+    "stop_latency": (
+        "savepoint_over_batch/",
+        "suspended_over_batch/",
+        "source_finished_over_batch/",
+        "drained_savepoint_over_batch/",
+    ),
 }
 
 
@@ -142,6 +150,19 @@ def test_benchmark_specifics(quick_run: tuple[Path, str]) -> None:
         # correctness, not timing: a resume redoes exactly the unfinished splits
         assert case["medians"]["ours_redone_splits"] == case["params"]["unfinished_splits"]
         assert case["medians"]["ours_ingest_spark_jobs"] == 0
+
+    stop = json.loads((out / "stop_latency.json").read_text())
+    assert {c["params"]["mode"] for c in stop["cases"]} == {"savepoint", "drain"}
+    for case in stop["cases"]:
+        medians = case["medians"]
+        if case["params"]["mode"] == "savepoint":
+            # the stop kept what enrich had recorded (a kill would have lost it)
+            assert medians["splits_kept"] >= 1
+            assert {"savepoint_s", "suspended_s"} <= set(medians)
+        else:
+            # drained: the source read some splits and left the rest unread
+            assert medians["read_splits"] >= 1 and medians["unread_splits"] >= 1
+            assert {"source_finished_s", "drained_savepoint_s"} <= set(medians)
 
     steady = json.loads((out / "steady_state_overhead.json").read_text())
     rows = {c["name"]: c["medians"]["output_rows"] for c in steady["cases"]}

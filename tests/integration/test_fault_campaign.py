@@ -9,7 +9,8 @@
   with StaleEpochError (and say so in its log), commit nothing, and leave the result exact.
 - known issues (``verify.KNOWN_ISSUES``): each is reproduced deterministically and marked
   ``xfail(strict=True)``: when a fix lands the test passes, fails as XPASS, and its marker (and
-  the KNOWN_ISSUES entry) must go.
+  the KNOWN_ISSUES entry) must go. The reproductions of fixed issues (FC-1, FC-2, FC-3, FC-5)
+  stay as regression tests: what those issues left behind now counts as leaked.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator
+from airflow_finalckpt.core.model import CheckpointState
 from airflow_finalckpt.faults.campaign import (
     CampaignResult,
     Environment,
@@ -43,6 +46,7 @@ from airflow_finalckpt.faults.worker import (
     WorkerHandle,
     stalled_attempt_main,
 )
+from airflow_finalckpt.store.engine import make_engine
 
 CI_SEED = 20261122
 CI_RUNS = 36
@@ -173,14 +177,19 @@ def test_zombie_attempt_stops_itself_and_only_the_newest_epoch_commits(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"FC-3: {KNOWN_ISSUES['FC-3']}")
 def test_zombie_that_staged_a_batch_before_the_takeover_leaves_nothing_staged(
     tmp_path: Path,
 ) -> None:
+    """FC-3 (fixed): the zombie sealed its batch after the newer attempt's orphan sweep; when
+    the coordinator refuses to record it (StaleEpochError) the zombie aborts it itself."""
     run = _zombie(tmp_path, "mid-batch")
-    assert run.a.status == "stale"
-    assert run.verdict.lost == run.verdict.duplicated == 0
+    assert run.a.status == "stale" and run.a.error_type == "StaleEpochError", run.a
+    assert run.b.status == "completed", run.b
+    assert run.verdict.problems() == [], run.verdict.problems()
     assert run.verdict.known == {}, run.verdict.known
+    assert "aborted transaction publish." in run.log_a and "this attempt (epoch 1) is stale" in (
+        run.log_a
+    )
 
 
 # ------------------------------------------------------------------------------ known issues
@@ -202,15 +211,50 @@ def _run(
     return report
 
 
-@pytest.mark.xfail(strict=True, reason=f"FC-1: {KNOWN_ISSUES['FC-1']}")
-def test_a_failed_metadata_write_leaves_no_checkpoint_directory(tmp_path: Path) -> None:
-    report = _run(tmp_path, [(FaultSpec("metadata-after-write", Action.EIO),)])
+def _checkpoints(tmp_path: Path) -> tuple[dict[int, CheckpointInfo], list[str]]:
+    """The run's checkpoints in the coordinator, and the ``chk-<id>`` directories in storage
+    (of ``_run`` and the hand-written runs below: run r0000 under ``tmp_path / "known"``)."""
+    run_dir = tmp_path / "known" / "r0000"
+    engine = make_engine(f"sqlite:///{run_dir / 'store.db'}")
+    try:
+        infos = {c.checkpoint_id: c for c in Coordinator(engine, "faults.r0000").checkpoints()}
+    finally:
+        engine.dispose()
+    pipeline_dir = run_dir / "checkpoints" / "faults.r0000"
+    return infos, sorted(p.name for p in pipeline_dir.iterdir() if p.name.startswith("chk-"))
+
+
+@pytest.mark.parametrize(
+    ("point", "action"),
+    [
+        ("metadata-after-write", Action.EIO),  # _metadata in place, then the write fails
+        ("metadata-mid-write", Action.EIO),  # the rename fails: an empty chk-<id>/ is left
+        ("metadata-mid-write", Action.ENOSPC),
+    ],
+)
+def test_a_failed_metadata_write_leaves_no_checkpoint_directory(
+    tmp_path: Path, point: str, action: Action
+) -> None:
+    """FC-1 (fixed): the aborted checkpoint's directory is removed once the abort committed."""
+    report = _run(tmp_path, [(FaultSpec(point, action),)])
     assert report.known_issues() == {}
+    infos, dirs = _checkpoints(tmp_path)
+    failed = [
+        c
+        for c in infos.values()
+        if c.state is CheckpointState.ABORTED
+        and "writing checkpoint metadata failed" in (c.failure_reason or "")
+    ]
+    assert failed, "the fault did not abort a checkpoint"
+    assert all(f"chk-{c.checkpoint_id}" not in dirs for c in failed), dirs
+    retained = {f"chk-{c.checkpoint_id}" for c in infos.values() if c.state.value == "COMPLETED"}
+    assert set(dirs) == retained
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"FC-1: {KNOWN_ISSUES['FC-1']}")
 def test_a_crash_after_the_metadata_write_leaves_no_phantom_checkpoint(tmp_path: Path) -> None:
+    """FC-1 (fixed): the crash rolls the completion back (the id too); the id's leftover
+    directory is replaced when the id is completed again instead of failing that checkpoint."""
     env = Environment(tmp_path / "known")
     env.prepare(spark=False)
     plan = RunPlan.single(0, [(FaultSpec("metadata-after-write", Action.CRASH, stage="agg"),)])
@@ -222,30 +266,52 @@ def test_a_crash_after_the_metadata_write_leaves_no_phantom_checkpoint(tmp_path:
     assert report.completed and report.attempts[0].status == "crashed"
     assert report.problems() == []
     assert report.known_issues() == {}
+    infos, dirs = _checkpoints(tmp_path)
+    assert not [c for c in infos.values() if "different metadata" in (c.failure_reason or "")]
+    retained = {f"chk-{c.checkpoint_id}" for c in infos.values() if c.state.value == "COMPLETED"}
+    assert set(dirs) == retained
 
 
-@pytest.mark.xfail(strict=True, reason=f"FC-2: {KNOWN_ISSUES['FC-2']}")
-def test_an_interrupted_discard_is_finished_later(tmp_path: Path) -> None:
-    spec = FaultSpec("metadata-before-discard", Action.EIO)
-    report = _run(tmp_path, [(spec,)], retain_checkpoints=1)
+@pytest.mark.parametrize("point", ["metadata-before-discard", "metadata-mid-discard"])
+def test_an_interrupted_discard_is_finished_later(tmp_path: Path, point: str) -> None:
+    """FC-2 (fixed): the next retention pass (or close) deletes what the failed one left."""
+    report = _run(tmp_path, [(FaultSpec(point, Action.EIO),)], retain_checkpoints=1)
     assert report.known_issues() == {}
+    infos, dirs = _checkpoints(tmp_path)
+    assert any(c.state is CheckpointState.DISCARDED for c in infos.values())
+    retained = {f"chk-{c.checkpoint_id}" for c in infos.values() if c.state.value == "COMPLETED"}
+    assert set(dirs) == retained
 
 
-@pytest.mark.xfail(strict=True, reason=f"FC-4: {KNOWN_ISSUES['FC-4']}")
-def test_a_zombie_stops_with_stale_epoch_before_doing_more_work(tmp_path: Path) -> None:
+@pytest.mark.parametrize("point", ["after-start-attempt", "before-batch", "after-record-batch"])
+def test_a_zombie_stops_with_stale_epoch_before_doing_more_work(tmp_path: Path, point: str) -> None:
+    """FC-4: a zombie stops at its next batch boundary, or, if it stalled inside a batch whose
+    inputs garbage collection removed meanwhile, still with StaleEpochError."""
     # garbage collection without a grace period: its inputs are gone when the zombie goes on
-    spec = FaultSpec("after-start-attempt", Action.ZOMBIE, stage="publish")
+    spec = FaultSpec(point, Action.ZOMBIE, stage="publish")
     report = _run(tmp_path, [(spec,)])
     assert report.attempts[0].error_type == "StaleEpochError", report.attempts[0]
+    assert report.problems() == [] and report.known_issues() == {}
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"FC-5: {KNOWN_ISSUES['FC-5']}")
-def test_a_crash_inside_an_atomic_write_leaves_no_temporary_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # checkpoint 1's write is cut short before its rename; the id is used again and retained
+        FaultSpec("metadata-mid-write", Action.CRASH),
+        # an output part's write is cut short; the batch is redone and its part is kept
+        FaultSpec("state-mid-write", Action.CRASH, stage="gen"),
+    ],
+    ids=["metadata", "state"],
+)
+def test_a_crash_inside_an_atomic_write_leaves_no_temporary_file(
+    tmp_path: Path, spec: FaultSpec
+) -> None:
+    """FC-5 (fixed): a completion replaces its id's leftover directory; garbage collection
+    deletes stale temporary files inside what it keeps."""
     env = Environment(tmp_path / "known")
     env.prepare(spark=False)
-    # checkpoint 1's write is cut short before its rename; the id is used again and retained
-    spec = FaultSpec("metadata-mid-write", Action.CRASH)
     plan = RunPlan.single(0, [(spec,)], retain_checkpoints=1000)
     worker = WorkerHandle(FAKE, str(tmp_path / "worker.out"))
     try:

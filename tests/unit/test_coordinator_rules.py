@@ -77,7 +77,9 @@ class RecordingWriter:
         self.fail_with: str | None = None
         self._observer = create_engine(url, poolclass=NullPool)
 
-    def write_checkpoint(self, record: CheckpointRecord) -> tuple[str, int]:
+    def write_checkpoint(
+        self, record: CheckpointRecord, *, replace_orphan: bool = False
+    ) -> tuple[str, int]:
         if self.fail_with is not None:
             raise OSError(self.fail_with)
         self.records[record.checkpoint_id] = record
@@ -868,8 +870,10 @@ def test_stop_with_savepoint_suspend_and_resume(engine: Engine) -> None:
     done = coord.stop_request()
     assert done is not None and done.state is StopState.COMPLETED and done.finished_at is not None
     assert {v.lifecycle for v in coord.stages().values()} == {StageLifecycle.SUSPENDED}
-    with pytest.raises(IllegalTransitionError, match="suspended by a savepoint"):
-        coord.start_attempt("a")
+    # a new attempt (a retry) while suspended stays suspended and only bumps the epoch
+    again = coord.start_attempt("a")
+    assert again.lifecycle is StageLifecycle.SUSPENDED and again.epoch == epochs["a"] + 1
+    epochs["a"] = again.epoch
     with pytest.raises(StopRequestError, match="resume it first"):
         coord.request_stop(StopMode.SAVEPOINT)
     assert coord.trigger(MANUAL) is None
@@ -881,6 +885,27 @@ def test_stop_with_savepoint_suspend_and_resume(engine: Engine) -> None:
     assert coord.trigger() is not None
     with pytest.raises(StopRequestError, match="not suspended"):
         coord.resume()
+
+
+def test_a_stage_starting_during_a_savepoint_stop_begins_suspended(engine: Engine) -> None:
+    """The bug this guards: a downstream stage whose upstream closed on the savepoint must not
+    start work (and then wait forever) while the run is suspended."""
+    coord = make(engine, {"a": (), "b": ("a",)})
+    epochs = start(coord, "a")
+    fin = coord.finish("a", epochs["a"], eod())
+    stop = coord.request_stop(StopMode.SAVEPOINT, "alice")
+    assert stop.state is StopState.COMPLETED  # nothing running: completes at once
+    assert stop.savepoint_id is not None and stop.savepoint_id >= fin.threshold
+    assert coord.closable_checkpoint("a") == fin.threshold  # a closes on the eager checkpoint
+    coord.close("a", epochs["a"], fin.threshold)
+    view = coord.start_attempt("b")
+    assert view.lifecycle is StageLifecycle.SUSPENDED
+    assert coord.batch_boundary("b", view.epoch) == coord.stop_request()
+    with pytest.raises(StaleEpochError):
+        coord.batch_boundary("b", view.epoch - 1)
+    coord.resume("bob")
+    view = coord.start_attempt("b")
+    assert view.lifecycle is StageLifecycle.RUNNING
 
 
 def test_stop_with_drain(engine: Engine) -> None:

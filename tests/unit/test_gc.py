@@ -383,6 +383,48 @@ def test_running_stage_without_recorded_batch_keeps_all_its_files(env: Env) -> N
     }
 
 
+def test_temporary_files_of_cut_short_writes_go_where_their_directory_stays(env: Env) -> None:
+    """FC-5: a crash inside an atomic write leaves ``.<name>.tmp-<hex>``; inside a kept unit
+    (a referenced output part) or a retained checkpoint directory nothing else removes it."""
+    env.coord.register(chain("a", "b"))
+    epoch = env.coord.start_attempt("a", total_splits=9).epoch
+    p1, h1 = output_part(env, "a", "b1", NOW - 3 * HOUR)
+    env.coord.record_batch("a", epoch, finished_splits=["s1"], state=[h1])
+    cid = env.coord.trigger(TriggerReason.MANUAL)
+    assert cid is not None
+    env.coord.record_batch("a", epoch, finished_splits=["s2"], state=[h1])
+    assert env.coord.checkpoint(cid).state is CheckpointState.COMPLETED
+
+    def temp(rel: str, ts: float) -> Path:
+        path = env.path(rel)
+        path.write_bytes(b"partial")
+        set_mtime(path, ts)
+        return path
+
+    # older than the stage's last recorded batch (its handle, 3 hours ago): not in flight
+    old_in_part = temp(f"{p1}/.part-00001.parquet.tmp-0a0a", NOW - 4 * HOUR)
+    young_in_part = temp(f"{p1}/.part-00002.parquet.tmp-0b0b", NOW - 60)
+    old_in_chk = temp(f"chk-{cid}/._metadata.tmp-0c0c", NOW - 2 * HOUR)
+    metadata = env.path(f"chk-{cid}/_metadata")
+
+    dry = collect_garbage(env.coord, env.storage, grace_s=600, dry_run=True)
+    assert old_in_part.exists() and old_in_chk.exists()
+    report = collect_garbage(env.coord, env.storage, grace_s=600)
+    expected = sorted([f"{p1}/.part-00001.parquet.tmp-0a0a", f"chk-{cid}/._metadata.tmp-0c0c"])
+    assert sorted(dry.deleted_paths) == sorted(report.deleted_paths) == expected
+    assert report.files_deleted == 2 and report.dirs_deleted == 0
+    assert not old_in_part.exists() and not old_in_chk.exists()
+    assert young_in_part.exists() and metadata.exists()  # within the grace period; not a temp
+    assert env.path(p1).is_dir() and env.path(h1.path).exists()
+    # a running stage's temporary file newer than its last recorded batch may be in flight
+    set_mtime(young_in_part, NOW - HOUR)
+    report = collect_garbage(env.coord, env.storage, grace_s=0)
+    assert report.deleted == () and young_in_part.exists()
+    env.coord.finish("a", epoch, StageSnapshot(state=(h1,)))
+    report = collect_garbage(env.coord, env.storage, grace_s=0)
+    assert report.deleted_paths == [f"{p1}/.part-00002.parquet.tmp-0b0b"]
+
+
 # ---------------------------------------------------------------------------- safety
 
 

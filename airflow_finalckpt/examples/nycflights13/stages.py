@@ -24,7 +24,7 @@ from airflow_finalckpt.examples.nycflights13.transforms import (
     ingest,
     load_dims,
 )
-from airflow_finalckpt.spark.stage import BatchContext, Transform
+from airflow_finalckpt.spark.stage import GLOBAL_PREFIX, BatchContext, Transform
 
 STAGE_IDS = ("ingest", "enrich", "delay_windows", "publish")
 EDGES = (("ingest", "enrich"), ("enrich", "delay_windows"), ("delay_windows", "publish"))
@@ -54,7 +54,17 @@ def enrich_transform(input_dir: str) -> Transform:
             return lambda: load_dims(ctx.spark, open_layout(input_dir))[name]
 
         dims = {name: ctx.global_state(f"dim_{name}", dim(name)) for name in DIMENSION_TABLES}
-        return enrich(ctx.spark, ctx.read_parts(), dims)
+        if ctx.logic is None:
+            return enrich(ctx.spark, ctx.read_parts(), dims)
+        # The dims are stage-global state, written once and never changed: their join keys
+        # are verified once per stage attempt (the first batch), not in every batch.
+        verified = tuple(ctx.logic.handles[f"{GLOBAL_PREFIX}dim_{n}"].path for n in dims)
+        memo = ctx.logic.attempt_memo
+        frame = enrich(
+            ctx.spark, ctx.read_parts(), dims, verify_keys=memo.get("dims_verified") != verified
+        )
+        memo["dims_verified"] = verified
+        return frame
 
     return transform
 

@@ -1,0 +1,204 @@
+"""``finalckpt stop | resume | restore | status``: the operator's controls from a terminal.
+
+They act on the coordination store directly (like ``airflow`` CLI commands on the metadata
+database), through the same ``PipelineControl`` as the REST API and the UI page. ``restore``
+also needs a local Airflow installation: it creates the new DAG run with Airflow's own client.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+
+from airflow_finalckpt.cli._shared import (
+    EXIT_ERROR,
+    _engine,
+    _fail,
+    _resolve_store_url,
+    _user_errors,
+    store_url_option,
+)
+from airflow_finalckpt.control import PipelineControl, StopSummary
+from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.model import StopMode, StopState
+
+
+@contextmanager
+def _control(store_url: str | None) -> Iterator[PipelineControl]:
+    """A PipelineControl on the resolved store; every user error ends in one line, exit 2."""
+    from airflow_finalckpt.config import load_settings
+    from airflow_finalckpt.storage import CheckpointStorage
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    with _user_errors(None, EXIT_ERROR):
+        url, _ = _resolve_store_url(store_url)
+    with _user_errors(url, EXIT_ERROR):
+        settings = load_settings({"store_url": url})
+        engine = _engine(url)
+        try:
+            ensure_schema(engine)
+            control = PipelineControl(
+                engine, CheckpointStorage(settings.storage_uri, settings.storage_options)
+            )
+            try:
+                yield control
+            except FinalCheckpointError as exc:
+                _fail(str(exc), EXIT_ERROR)
+        finally:
+            engine.dispose()
+
+
+def _user() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no user name in some containers
+        return "cli"
+
+
+def _describe_stop(stop: StopSummary) -> str:
+    what = "stop with drain" if stop.mode is StopMode.DRAIN else "stop with savepoint"
+    text = f"{what} #{stop.request_id}: {stop.state.value}"
+    if stop.savepoint_id is not None:
+        text += f", savepoint {stop.savepoint_id}"
+    if stop.savepoint_path:
+        text += f" at {stop.savepoint_path}"
+    if stop.failure_reason:
+        text += f" ({stop.failure_reason})"
+    return text
+
+
+@click.command("stop")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.option("--drain", "mode", flag_value=StopMode.DRAIN.value, help="Finish and publish now.")
+@click.option(
+    "--savepoint",
+    "mode",
+    flag_value=StopMode.SAVEPOINT.value,
+    help="Suspend at a savepoint; resume later with nothing lost.",
+)
+@click.option("--wait/--no-wait", default=False, help="Wait until the savepoint completed.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
+@store_url_option
+def stop(
+    dag_id: str, run_id: str, mode: str | None, wait: bool, timeout_s: float, store_url: str | None
+) -> None:
+    """Stop a running pipeline DAG run with drain or with a savepoint.
+
+    Exit 2 with a one-line reason for an unknown run, a finished run, a run already stopping,
+    suspended or drained, or (with --wait) a savepoint that failed or did not complete in time.
+    """
+    if mode is None:
+        _fail("choose how to stop: --drain or --savepoint", EXIT_ERROR)
+    with _control(store_url) as control:
+        summary = control.stop(dag_id, run_id, StopMode(mode), requested_by=_user())
+        click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
+        if wait and summary.state is StopState.REQUESTED:
+            summary = control.wait_for_stop(dag_id, run_id, timeout_s=timeout_s)
+            click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
+        if summary.state is StopState.FAILED:
+            _fail(f"the stop failed, the run keeps running: {summary.failure_reason}", EXIT_ERROR)
+
+
+@click.command("resume")
+@click.argument("dag_id")
+@click.argument("run_id")
+@store_url_option
+def resume(dag_id: str, run_id: str, store_url: str | None) -> None:
+    """Resume a DAG run suspended by a stop with savepoint (it continues in the same DAG run).
+
+    A drained run cannot be resumed (its event-time windows already fired).
+    """
+    with _control(store_url) as control:
+        summary = control.resume(dag_id, run_id, requested_by=_user())
+    click.echo(f"{dag_id} {run_id}: resumed ({_describe_stop(summary)})")
+
+
+@click.command("restore")
+@click.argument("dag_id")
+@click.option(
+    "--from",
+    "savepoint_path",
+    required=True,
+    metavar="SAVEPOINT_PATH",
+    help="The savepoint's directory or _metadata file (local path or fsspec URL).",
+)
+@click.option("--run-id", default=None, help="Run id of the new DAG run (default: Airflow's).")
+@click.option("--dry-run", is_flag=True, help="Only check the savepoint.")
+@store_url_option
+def restore(
+    dag_id: str, savepoint_path: str, run_id: str | None, dry_run: bool, store_url: str | None
+) -> None:
+    """Start a new DAG run of DAG_ID that continues from a savepoint (conf ``restore_from``).
+
+    Works on another cluster with an empty coordination database. Refused: a drained savepoint,
+    an unreadable or corrupt one, a savepoint of another pipeline.
+    """
+    with _control(store_url) as control:
+        record = control.check_restore(dag_id, savepoint_path)
+        task_ids = _dag_task_ids(dag_id)
+        if task_ids is not None:
+            control.check_restore(dag_id, savepoint_path, stage_ids=task_ids)
+    click.echo(
+        f"savepoint {record.checkpoint_id} of pipeline {record.pipeline_key!r} "
+        f"({record.kind.value}, {len(record.stages)} stages) can be restored into {dag_id}"
+    )
+    if dry_run:
+        return
+    try:
+        from airflow.api.client import get_current_api_client
+
+        client = get_current_api_client()
+        run = client.trigger_dag(
+            dag_id=dag_id,
+            run_id=run_id,
+            conf={"restore_from": savepoint_path},
+            triggering_user_name=_user(),
+        )
+    except Exception as exc:  # Airflow missing, DAG unknown, database down...
+        _fail(f"could not create a DAG run of {dag_id!r}: {exc}", EXIT_ERROR)
+    new_run_id = run.get("dag_run_id") if isinstance(run, dict) else getattr(run, "run_id", run)
+    click.echo(f"created DAG run {new_run_id} of {dag_id} with conf restore_from={savepoint_path}")
+
+
+def _dag_task_ids(dag_id: str) -> set[str] | None:
+    """The task ids of the DAG as Airflow last parsed it, if a local Airflow knows it."""
+    try:
+        from airflow.models.serialized_dag import SerializedDagModel
+
+        dag = SerializedDagModel.get_dag(dag_id)
+    except Exception:  # no Airflow here, or no database: the owner check still applies
+        return None
+    if dag is None:
+        _fail(f"DAG {dag_id!r} is not known to Airflow (not parsed yet, or a typo)", EXIT_ERROR)
+    return set(dag.task_ids)
+
+
+@click.command("status")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@store_url_option
+def status(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> None:
+    """Show a pipeline DAG run: its state, stop request and stages."""
+    with _control(store_url) as control:
+        detail = control.describe(dag_id, run_id, checkpoints=10)
+    if as_json:
+        click.echo(json.dumps(detail.model_dump(mode="json"), indent=2))
+        return
+    summary = detail.summary
+    click.echo(f"pipeline {summary.pipeline_key}: {summary.state.value}")
+    if summary.stop is not None:
+        click.echo(f"  {_describe_stop(summary.stop)}")
+    if summary.unread_splits:
+        click.echo(f"  drained with {summary.unread_splits} input splits left unread")
+    for stage in detail.stages:
+        total = "?" if stage.total_splits is None else stage.total_splits
+        click.echo(
+            f"  {stage.stage_id}: {stage.lifecycle.value} ({stage.status.value}) "
+            f"{stage.done_splits}/{total} splits"
+        )

@@ -1,0 +1,25 @@
+"""Operator controls (stop with drain / savepoint, resume, restore checks, status), Airflow-free.
+
+The REST API, the UI page and the ``finalckpt`` CLI are thin adapters over ``PipelineControl``,
+so all three give the same answers and the same errors.
+"""
+
+from airflow_finalckpt.control.service import (
+    CheckpointSummary,
+    PipelineControl,
+    PipelineDetail,
+    PipelineRunState,
+    PipelineRunSummary,
+    StageSummary,
+    StopSummary,
+)
+
+__all__ = [
+    "CheckpointSummary",
+    "PipelineControl",
+    "PipelineDetail",
+    "PipelineRunState",
+    "PipelineRunSummary",
+    "StageSummary",
+    "StopSummary",
+]

@@ -1,0 +1,404 @@
+"""What the people who press *stop* need: find a pipeline run from its DAG run, see its state,
+stop it with drain or with a savepoint, resume it, and check a savepoint before a restore.
+
+No Airflow and no Spark here: the caller authenticates and authorizes (REST/UI) or is an operator
+with store credentials (CLI), and passes the user name along for the record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine, select
+
+from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, StageView, StopRequest
+from airflow_finalckpt.core.errors import (
+    DrainedSavepointError,
+    ForeignCheckpointError,
+    StopRequestError,
+    UnknownRunError,
+)
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointRecord,
+    StageLifecycle,
+    StageProgress,
+    StageStatus,
+    StopMode,
+    StopState,
+)
+from airflow_finalckpt.core.plan import checkpoint_status
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store import schema as t
+
+
+class PipelineRunState(StrEnum):
+    """What a pipeline run is doing, as the UI shows it."""
+
+    NOT_STARTED = "not_started"
+    RUNNING = "running"
+    #: a stop with savepoint was requested; the savepoint is in progress
+    STOPPING = "stopping"
+    SUSPENDED = "suspended"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    FINISHED = "finished"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class StopSummary(_Model):
+    request_id: int
+    mode: StopMode
+    state: StopState
+    savepoint_id: int | None
+    savepoint_path: str | None = None
+    requested_by: str | None
+    requested_at: float
+    finished_at: float | None
+    failure_reason: str | None
+
+
+class StageSummary(_Model):
+    stage_id: str
+    upstream: list[str]
+    lifecycle: StageLifecycle
+    #: the status this stage would have in a checkpoint taken now
+    status: StageStatus
+    epoch: int
+    done_splits: int
+    total_splits: int | None
+    closed_checkpoint_id: int | None
+    #: set once the stage finished: was it drained, and how many input splits it left unread
+    drained: bool | None = None
+    unread_splits: int | None = None
+
+
+class CheckpointSummary(_Model):
+    checkpoint_id: int
+    kind: CheckpointKind
+    reason: str
+    state: str
+    triggered_at: float
+    completed_at: float | None
+    duration_s: float | None
+    size_bytes: int | None
+    metadata_path: str | None
+    failure_reason: str | None
+    stage_statuses: dict[str, StageStatus]
+
+
+class PipelineRunSummary(_Model):
+    pipeline_key: str
+    dag_runs: list[tuple[str, str]]
+    state: PipelineRunState
+    stages_total: int
+    stages_closed: int
+    done_splits: int
+    total_splits: int
+    latest_checkpoint_id: int | None
+    restored_from: str | None
+    unread_splits: int
+    stop: StopSummary | None
+
+
+class PipelineDetail(_Model):
+    summary: PipelineRunSummary
+    stages: list[StageSummary]
+    checkpoints: list[CheckpointSummary]
+
+
+def run_state(stages: Collection[StageView], stop: StopRequest | None) -> PipelineRunState:
+    """The run's state: a stop in progress or done wins, then the stages' lifecycles.
+
+    A run is *suspended* only once its savepoint completed **and** every stage that was running
+    has parked (released Spark, lifecycle SUSPENDED); between the two it is still *stopping*.
+    """
+    if stop is not None and stop.state in (StopState.REQUESTED, StopState.COMPLETED):
+        requested = stop.state is StopState.REQUESTED
+        if stop.mode is StopMode.DRAIN:
+            return PipelineRunState.DRAINING if requested else PipelineRunState.DRAINED
+        if requested or any(s.lifecycle is StageLifecycle.RUNNING for s in stages):
+            return PipelineRunState.STOPPING
+        return PipelineRunState.SUSPENDED
+    if stages and all(s.lifecycle is StageLifecycle.CLOSED for s in stages):
+        return PipelineRunState.FINISHED
+    if all(s.lifecycle is StageLifecycle.NOT_STARTED for s in stages):
+        return PipelineRunState.NOT_STARTED
+    return PipelineRunState.RUNNING
+
+
+def _stage_summary(view: StageView, graph: StageGraph) -> StageSummary:
+    eod = view.final_snapshot.end_of_data if view.final_snapshot else None
+    done = len(view.progress.finished_splits)
+    if view.lifecycle.is_finished and view.total_splits is not None:
+        done = view.total_splits - (eod.unread_splits if eod else 0)
+    return StageSummary(
+        stage_id=view.stage_id,
+        upstream=list(graph.upstream(view.stage_id)) if view.stage_id in graph else [],
+        lifecycle=view.lifecycle,
+        status=checkpoint_status(
+            StageProgress(
+                lifecycle=view.lifecycle,
+                finished_splits=view.progress.finished_splits,
+                total_splits=view.total_splits,
+            )
+        ),
+        epoch=view.epoch,
+        done_splits=done,
+        total_splits=view.total_splits,
+        closed_checkpoint_id=view.closed_checkpoint_id,
+        drained=eod.drain if eod else None,
+        unread_splits=eod.unread_splits if eod else None,
+    )
+
+
+def _checkpoint_summary(info: CheckpointInfo) -> CheckpointSummary:
+    done = info.completed_at
+    return CheckpointSummary(
+        checkpoint_id=info.checkpoint_id,
+        kind=info.kind,
+        reason=str(info.reason),
+        state=str(info.state),
+        triggered_at=info.triggered_at,
+        completed_at=done,
+        duration_s=None if done is None else max(0.0, done - info.triggered_at),
+        size_bytes=info.size_bytes,
+        metadata_path=info.metadata_path,
+        failure_reason=info.failure_reason,
+        stage_statuses=dict(info.plan.statuses),
+    )
+
+
+class PipelineControl:
+    """Stop, resume and inspect pipeline runs by their Airflow DAG run."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        storage: CheckpointStorage,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.storage = storage
+        self.clock = clock
+
+    # ------------------------------------------------------------------ lookup
+
+    def resolve(self, dag_id: str, run_id: str) -> str:
+        """The pipeline key of a DAG run; UnknownRunError if no stage task of it ran yet."""
+        with self.engine.connect() as conn:
+            key = conn.execute(
+                select(t.dag_runs.c.pipeline_key).where(
+                    t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
+                )
+            ).scalar()
+        if key is None:
+            raise UnknownRunError(
+                f"no pipeline run is known for DAG run {run_id!r} of DAG {dag_id!r}: check the "
+                "DAG id and run id (no stage task of that run has started yet?)"
+            )
+        return str(key)
+
+    def coordinator(self, pipeline_key: str) -> Coordinator:
+        return Coordinator(self.engine, pipeline_key, writer=self.storage, clock=self.clock)
+
+    def dag_ids_of(self, pipeline_key: str) -> set[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.dag_runs.c.dag_id).where(t.dag_runs.c.pipeline_key == pipeline_key)
+            ).scalars()
+            return {str(r) for r in rows}
+
+    # ------------------------------------------------------------------ status
+
+    def runs(self, dag_id: str | None = None, *, limit: int = 100) -> list[PipelineRunSummary]:
+        """Pipeline runs, newest first; only those of ``dag_id`` if given."""
+        query = select(t.dag_runs.c.pipeline_key, t.dag_runs.c.created_at)
+        if dag_id is not None:
+            query = query.where(t.dag_runs.c.dag_id == dag_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(t.dag_runs.c.created_at.desc())).all()
+        keys: list[str] = []
+        for key, _ in rows:
+            if key not in keys:
+                keys.append(str(key))
+        return [self.summary(key) for key in keys[:limit]]
+
+    def summary(self, pipeline_key: str) -> PipelineRunSummary:
+        return self._summarize(self.coordinator(pipeline_key))[0]
+
+    def _summarize(self, coordinator: Coordinator) -> tuple[PipelineRunSummary, list[StageSummary]]:
+        """The run's summary and its stages in topological order, from one read of each."""
+        graph = coordinator.graph()
+        views = coordinator.stages()
+        order = [sid for sid in graph.topological_order() if sid in views]
+        stages = [_stage_summary(views[sid], graph) for sid in order]
+        stop = coordinator.stop_request()
+        latest = coordinator.latest_completed(include_discarded=True)
+        summary = PipelineRunSummary(
+            pipeline_key=coordinator.pipeline_key,
+            dag_runs=coordinator.dag_runs(),
+            state=run_state(list(views.values()), stop),
+            stages_total=len(views),
+            stages_closed=sum(v.lifecycle is StageLifecycle.CLOSED for v in views.values()),
+            done_splits=sum(s.done_splits for s in stages),
+            total_splits=sum(s.total_splits or 0 for s in stages),
+            latest_checkpoint_id=latest.checkpoint_id if latest else None,
+            restored_from=coordinator.restored_from(),
+            unread_splits=sum(s.unread_splits or 0 for s in stages if not s.upstream),
+            stop=self._stop_summary(coordinator, stop),
+        )
+        return summary, stages
+
+    def describe(self, dag_id: str, run_id: str, *, checkpoints: int = 50) -> PipelineDetail:
+        return self.describe_pipeline(self.resolve(dag_id, run_id), checkpoints=checkpoints)
+
+    def describe_pipeline(self, pipeline_key: str, *, checkpoints: int = 50) -> PipelineDetail:
+        coordinator = self.coordinator(pipeline_key)
+        summary, stages = self._summarize(coordinator)
+        return PipelineDetail(
+            summary=summary,
+            stages=stages,
+            checkpoints=[
+                _checkpoint_summary(c) for c in coordinator.checkpoints(limit=checkpoints)
+            ],
+        )
+
+    def _stop_summary(
+        self, coordinator: Coordinator, stop: StopRequest | None
+    ) -> StopSummary | None:
+        if stop is None:
+            return None
+        path = None
+        if stop.savepoint_id is not None and stop.state is StopState.COMPLETED:
+            path = coordinator.checkpoint(stop.savepoint_id).metadata_path
+        return StopSummary(
+            request_id=stop.request_id,
+            mode=stop.mode,
+            state=stop.state,
+            savepoint_id=stop.savepoint_id,
+            savepoint_path=path,
+            requested_by=stop.requested_by,
+            requested_at=stop.requested_at,
+            finished_at=stop.finished_at,
+            failure_reason=stop.failure_reason,
+        )
+
+    def drain_note(self, dag_id: str, run_id: str) -> str | None:
+        """The DAG run note of a drained run: who drained it, the final savepoint and how much
+        input was left unread; None if the run was not drained."""
+        try:
+            key = self.resolve(dag_id, run_id)
+        except UnknownRunError:
+            return None
+        summary, stages = self._summarize(self.coordinator(key))
+        stop = summary.stop
+        if stop is None or stop.mode is not StopMode.DRAIN or stop.state is not StopState.COMPLETED:
+            return None
+        sources = [s for s in stages if not s.upstream and s.total_splits]
+        read = ", ".join(
+            f"{s.stage_id} {(s.total_splits or 0) - (s.unread_splits or 0)}/{s.total_splits}"
+            for s in sources
+        )
+        by = f" by {stop.requested_by}" if stop.requested_by else ""
+        return (
+            f"Drained{by}: stopped taking input and published everything read so far at "
+            f"drained savepoint {stop.savepoint_id}. {summary.unread_splits} input splits were "
+            f"left unread (splits read: {read or 'none'}). A drained run cannot be resumed."
+        )
+
+    # ------------------------------------------------------------------ changes
+
+    def stop(
+        self, dag_id: str, run_id: str, mode: StopMode, requested_by: str | None = None
+    ) -> StopSummary:
+        """Stop with drain or with a savepoint. StopRequestError if the run already finished,
+        is already stopping, is suspended or was drained."""
+        coordinator = self.coordinator(self.resolve(dag_id, run_id))
+        stop = coordinator.request_stop(StopMode(mode), requested_by=requested_by)
+        summary = self._stop_summary(coordinator, coordinator.stop_request() or stop)
+        assert summary is not None
+        return summary
+
+    def resume(self, dag_id: str, run_id: str, requested_by: str | None = None) -> StopSummary:
+        """Resume a run suspended at a savepoint (in the same DAG run). A drained run is
+        refused with DrainedSavepointError."""
+        coordinator = self.coordinator(self.resolve(dag_id, run_id))
+        stop = coordinator.resume(requested_by=requested_by)
+        summary = self._stop_summary(coordinator, stop)
+        assert summary is not None
+        return summary
+
+    def wait_for_stop(
+        self,
+        dag_id: str,
+        run_id: str,
+        *,
+        timeout_s: float,
+        poll_s: float = 0.5,
+        on_poll: Callable[[StopSummary], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> StopSummary:
+        """Wait until the latest stop request is no longer REQUESTED (completed or failed)."""
+        coordinator = self.coordinator(self.resolve(dag_id, run_id))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            coordinator.expire_timed_out()
+            summary = self._stop_summary(coordinator, coordinator.stop_request())
+            if summary is None:
+                raise StopRequestError(f"DAG run {run_id!r} of DAG {dag_id!r} has no stop request")
+            if on_poll is not None:
+                on_poll(summary)
+            if summary.state is not StopState.REQUESTED:
+                return summary
+            if time.monotonic() >= deadline:
+                raise StopRequestError(
+                    f"the {summary.mode} stop of DAG run {run_id!r} did not complete within "
+                    f"{timeout_s:g} s (savepoint {summary.savepoint_id} still in progress; it "
+                    "completes at the running stages' next split-batch boundary)"
+                )
+            sleep(poll_s)
+
+    # ------------------------------------------------------------------ restore
+
+    def check_restore(
+        self,
+        dag_id: str,
+        savepoint_path: str,
+        *,
+        stage_ids: Collection[str] | None = None,
+    ) -> CheckpointRecord:
+        """Read and vet a savepoint before a new DAG run of ``dag_id`` restores it.
+
+        Refused: unreadable / corrupt / newer metadata (MetadataError, StorageError), a drained
+        savepoint (DrainedSavepointError), a savepoint of a pipeline that ran under another DAG,
+        or one none of whose stages exists in the DAG's ``stage_ids`` (ForeignCheckpointError).
+        Graph changes are checked in detail by the restore planner when the run starts.
+        """
+        record = self.storage.read_checkpoint(savepoint_path)
+        if record.kind is CheckpointKind.DRAINED_SAVEPOINT:
+            raise DrainedSavepointError(
+                f"{savepoint_path} is a drained savepoint (checkpoint {record.checkpoint_id} of "
+                f"pipeline {record.pipeline_key!r}): its windows already fired, it cannot be "
+                "restored"
+            )
+        owners = self.dag_ids_of(record.pipeline_key)
+        if owners and dag_id not in owners:
+            raise ForeignCheckpointError(
+                f"{savepoint_path} belongs to pipeline {record.pipeline_key!r} of DAG "
+                f"{', '.join(sorted(owners))}, not of DAG {dag_id!r}"
+            )
+        if stage_ids is not None and not set(record.stages) & set(stage_ids):
+            raise ForeignCheckpointError(
+                f"{savepoint_path} belongs to another pipeline: none of its stages "
+                f"{sorted(record.stages)} is a stage of DAG {dag_id!r} ({sorted(stage_ids)})"
+            )
+        return record

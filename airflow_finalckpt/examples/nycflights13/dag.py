@@ -1,0 +1,116 @@
+"""The example pipeline as a DAG factory: ``dags/nycflights13_pipeline.py`` builds the DAG users
+run; tests build more copies of it, each with its own input, output and knobs.
+
+prepare_input -> ingest (one split per day) -> enrich (broadcast join with airlines, airports,
+planes, weather) -> delay_windows (hourly event-time windows per origin airport) -> publish
+(Parquet table and SQL table, committed exactly once at the final checkpoint).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
+
+from airflow.sdk import DAG, Asset, task
+
+from airflow_finalckpt.decorators import finalckpt_stage
+from airflow_finalckpt.examples.nycflights13 import stages
+from airflow_finalckpt.examples.nycflights13.data import first_days, open_layout, prepare_inputs
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_finalckpt.spark.stage import BatchContext
+
+
+T = TypeVar("T")
+#: A test knob: a value, or a callable giving it when the task runs.
+Knob: TypeAlias = T | Callable[[], T]
+
+
+def _value(knob: Knob[T]) -> T:
+    return knob() if callable(knob) else knob
+
+
+def build_dag(
+    dag_id: str = "nycflights13_pipeline",
+    *,
+    input_dir: str,
+    output_dir: str,
+    sql_url: str | None = None,
+    days: int = 365,
+    retries: int = 2,
+    ingest_delay_s: Knob[float] = 0.0,
+    enrich_delay_s: Knob[float] = 0.0,
+    crash: Knob[str | None] = None,
+    crash_hard: Knob[bool] = False,
+    asset: str = "nycflights13_delay_windows",
+    doc_md: str | None = None,
+) -> DAG:
+    """The example pipeline DAG.
+
+    :param sql_url: the SQL sink database (default: SQLite in ``output_dir``).
+    :param ingest_delay_s: / :param enrich_delay_s: seconds each batch of that stage sleeps
+        (tests use them to stop or kill a stage mid-way reliably).
+    :param crash: ``"enrich:N"``: the first enrich attempt fails after N batches (``crash_hard``:
+        by killing its own process, like SIGKILL).
+
+    The test knobs take a value or a callable read when the task runs (e.g. from the
+    environment, so a test can change them between DAG runs).
+    """
+    sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    with DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": retries, "retry_delay": timedelta(seconds=2)},
+        tags=["finalckpt", "example"],
+        doc_md=doc_md or __doc__,
+    ) as dag:
+
+        @task
+        def prepare_input() -> list[str]:
+            """Write one Parquet file per day (idempotent): the splits of ``ingest``."""
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
+
+        @finalckpt_stage(splits=lambda: open_layout(input_dir).split_ids, batch_size=7)
+        def ingest(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(ingest_delay_s))
+            return stages.ingest_transform(input_dir)(ctx)
+
+        @finalckpt_stage(batch_size=1)
+        def enrich(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(enrich_delay_s))
+            stages.crash_if_requested(ctx, _value(crash), hard=_value(crash_hard))
+            return stages.enrich_transform(input_dir)(ctx)
+
+        @finalckpt_stage(batch_size=4)
+        def delay_windows(ctx: BatchContext) -> DataFrame | None:
+            return stages.windows_transform(ctx)
+
+        @delay_windows.finish
+        def _fire_all_windows(ctx: BatchContext) -> DataFrame | None:
+            return stages.windows_finish(ctx)
+
+        @finalckpt_stage(
+            batch_size=4,
+            commit_mode="final",
+            # The task succeeds only after its sinks committed: the asset event marks
+            # committed data.
+            outlets=[Asset(asset)],
+            sinks=[
+                ParquetTableSink("delay_windows_parquet", f"{output_dir}/delay_windows"),
+                SqlTableSink("delay_windows_sql", sql_url, "delay_windows"),
+            ],
+        )
+        def publish(ctx: BatchContext) -> DataFrame | None:
+            return stages.publish_transform(ctx)
+
+        prepare_input() >> ingest() >> enrich() >> delay_windows() >> publish()
+    return dag

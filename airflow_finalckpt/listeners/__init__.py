@@ -1,0 +1,1 @@
+"""Airflow listeners of airflow-finalckpt (registered by the plugin)."""

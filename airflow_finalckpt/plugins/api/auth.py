@@ -1,0 +1,200 @@
+"""Authentication and authorization of every route of the finalckpt FastAPI app.
+
+Airflow mounts plugin apps under its api-server but gives them no authentication, so each route
+here depends on :func:`authenticate` (who is calling) and then on :func:`authorize_dag` (may they
+do this to that DAG's runs), both delegating to Airflow's configured auth manager:
+
+* credentials: ``Authorization: Bearer <JWT>`` (what ``POST /auth/token`` returns), else the
+  Airflow UI session cookie ``_token`` (``COOKIE_NAME_JWT_TOKEN``: the same JWT, set by the
+  login page; the browser sends it to the plugin page in Airflow's iframe). As in Airflow's own
+  ``get_user``, an explicit bearer token wins over the ambient cookie;
+* validation: ``get_auth_manager().get_user_from_token`` (signature, expiry, audience,
+  revocation): missing, malformed, expired, revoked or forged -> **401** with
+  ``WWW-Authenticate: Bearer``. (Airflow's public API answers 403 to a forged token; a 401
+  tells clients to log in again, which is the useful answer.);
+* authorization: ``is_authorized_dag(method, access_entity=DagAccessEntity.RUN,
+  details=DagDetails(id=dag_id))``: ``GET`` to read, ``PUT`` (edit runs) to stop/resume, ``POST``
+  + ``PUT`` to restore into a new run -> **403** otherwise;
+* CSRF: a state-changing request authenticated by the cookie must carry the header
+  ``X-Finalckpt-Request: 1`` (a cross-site form cannot set it, and cross-origin scripts would
+  need a CORS preflight Airflow does not grant) and must not come from another origin
+  (``Origin`` / ``Sec-Fetch-Site``) -> **403** otherwise. Bearer tokens are not ambient, so
+  they need neither.
+
+Checks run before any state is read or changed: a 401/403 changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
+
+from fastapi import HTTPException, Request, status
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.base_auth_manager import ResourceMethod
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+
+log = logging.getLogger(__name__)
+
+#: The Airflow UI session cookie (``airflow.api_fastapi.auth.managers.base_auth_manager``).
+COOKIE_NAME = "_token"
+#: Header the page's JavaScript sends with every change (CSRF defence for cookie sessions).
+CSRF_HEADER = "X-Finalckpt-Request"
+CSRF_VALUE = "1"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated Airflow user and how they proved it."""
+
+    user: BaseUser
+    via: Literal["bearer", "cookie"]
+
+    @property
+    def name(self) -> str:
+        return str(self.user.get_name())
+
+
+def _unauthorized(detail: str, error: str | None = None) -> HTTPException:
+    challenge = 'Bearer realm="airflow-finalckpt"'
+    if error:
+        challenge += f', error="{error}"'
+    return HTTPException(
+        status_code=status.HTTP_401_UNAUTHORIZED,
+        detail=detail,
+        headers={"WWW-Authenticate": challenge},
+    )
+
+
+def forbidden(detail: str) -> HTTPException:
+    return HTTPException(status_code=status.HTTP_403_FORBIDDEN, detail=detail)
+
+
+def _credentials(request: Request) -> tuple[str, Literal["bearer", "cookie"]] | None:
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, value = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise _unauthorized(
+                "the Authorization header must be 'Bearer <token>' (a JWT from POST /auth/token)",
+                "invalid_request",
+            )
+        return value.strip(), "bearer"
+    cookie = request.cookies.get(COOKIE_NAME)
+    if cookie:
+        return cookie, "cookie"
+    return None
+
+
+async def authenticate(request: Request) -> Principal:
+    """FastAPI dependency: the calling Airflow user, or 401."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from jwt import ExpiredSignatureError, InvalidTokenError
+
+    found = _credentials(request)
+    if found is None:
+        raise _unauthorized(
+            "not authenticated: log in to Airflow, or send 'Authorization: Bearer <token>' "
+            "with a token from POST /auth/token"
+        )
+    token, via = found
+    try:
+        user = await get_auth_manager().get_user_from_token(token)
+    except ExpiredSignatureError:
+        raise _unauthorized("the token has expired: log in again", "invalid_token") from None
+    except InvalidTokenError:
+        raise _unauthorized(
+            "the token is not valid (bad signature, malformed, revoked or not for this Airflow)",
+            "invalid_token",
+        ) from None
+    principal = Principal(user=user, via=via)
+    request.state.finalckpt_principal = principal
+    return principal
+
+
+def check_csrf(request: Request, principal: Principal) -> None:
+    """Refuse a cookie-authenticated change that a browser could have sent cross-site."""
+    if request.method.upper() in SAFE_METHODS or principal.via != "cookie":
+        return
+    if request.headers.get("sec-fetch-site", "").lower() == "cross-site":
+        raise forbidden("cross-site request refused (CSRF protection)")
+    origin = request.headers.get("origin")
+    if origin is not None and origin != "null":
+        own = urlsplit(str(request.base_url))
+        theirs = urlsplit(origin)
+        forwarded_host = request.headers.get("x-forwarded-host")
+        hosts = {own.netloc, request.headers.get("host", "")}
+        if forwarded_host:
+            hosts.add(forwarded_host.split(",")[0].strip())
+        if theirs.netloc not in hosts:
+            raise forbidden(
+                f"request from origin {origin!r} refused (CSRF protection): changes are "
+                "accepted from the Airflow UI's own origin only"
+            )
+    elif origin == "null":
+        raise forbidden("request from an opaque origin refused (CSRF protection)")
+    if request.headers.get(CSRF_HEADER) != CSRF_VALUE:
+        raise forbidden(
+            f"a change authenticated by the Airflow session cookie must send the header "
+            f"'{CSRF_HEADER}: {CSRF_VALUE}' (CSRF protection); API clients should use "
+            "'Authorization: Bearer <token>'"
+        )
+
+
+def _team_name(dag_id: str) -> str | None:
+    """The DAG's team in multi-team deployments (the auth manager needs it), else None."""
+    from airflow.configuration import conf
+
+    if not conf.getboolean("core", "multi_team", fallback=False):
+        return None
+    from airflow.models.dag import DagModel
+
+    return DagModel.get_team_name(dag_id)
+
+
+def is_allowed(principal: Principal, dag_id: str, method: ResourceMethod) -> bool:
+    """May ``principal`` do ``method`` on the runs of ``dag_id``? (The auth manager decides.)"""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+
+    return bool(
+        get_auth_manager().is_authorized_dag(
+            method=method,
+            access_entity=DagAccessEntity.RUN,
+            details=DagDetails(id=dag_id, team_name=_team_name(dag_id)),
+            user=principal.user,
+        )
+    )
+
+
+_VERBS: dict[str, str] = {
+    "GET": "read the runs of",
+    "PUT": "edit the runs of",
+    "POST": "create runs of",
+}
+
+
+def authorize_dag(principal: Principal, dag_id: str, *methods: ResourceMethod) -> None:
+    """403 unless ``principal`` may do every one of ``methods`` on ``dag_id``'s runs."""
+    for method in methods:
+        if not is_allowed(principal, dag_id, method):
+            raise forbidden(
+                f"user {principal.name!r} may not {_VERBS.get(method, method)} DAG {dag_id!r}"
+            )
+
+
+def login_url(request: Request) -> str:
+    """Where the auth manager logs users in (shown on 401 pages)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    try:
+        return str(get_auth_manager().get_url_login())
+    except Exception:  # pragma: no cover - any auth manager problem: fall back to the root
+        return "/"

@@ -1,0 +1,254 @@
+"""REST routes under ``/finalckpt/api``: pipeline runs, stop with drain / savepoint, resume,
+restore. GET routes only read; every change is a POST. See docs/ui-and-api.md."""
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from airflow_finalckpt.control import (
+    CheckpointSummary,
+    PipelineControl,
+    PipelineDetail,
+    PipelineRunSummary,
+    StopSummary,
+)
+from airflow_finalckpt.core.model import CheckpointKind, StopMode
+from airflow_finalckpt.plugins.api.auth import (
+    Principal,
+    authenticate,
+    authorize_dag,
+    check_csrf,
+    is_allowed,
+)
+
+TAG_RUNS = "Pipeline runs"
+TAG_CONTROL = "Stop and resume"
+TAG_RESTORE = "Restore"
+
+
+class ErrorDetail(BaseModel):
+    """Every error answer: a message saying what is wrong and what to do."""
+
+    detail: str = Field(examples=["pipeline 'flights.manual__1' is already stopping (savepoint)"])
+
+
+class PipelineRunList(BaseModel):
+    runs: list[PipelineRunSummary]
+    total_entries: int
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[CheckpointSummary]
+    total_entries: int
+
+
+class StopBody(BaseModel):
+    """``drain``: finish everything, fire all windows, commit, end the DAG run successfully.
+    ``savepoint``: suspend at the next split-batch boundary; resume later."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: StopMode
+
+
+class RestoreBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    savepoint_path: str = Field(
+        min_length=1,
+        description="A savepoint (or checkpoint) directory or its _metadata file",
+        examples=["/data/checkpoints/flights.manual__1/chk-7"],
+    )
+
+
+class RestoreResponse(BaseModel):
+    dag_id: str
+    run_id: str = Field(description="The new DAG run; its conf is {'restore_from': path}")
+    savepoint_path: str
+    checkpoint_id: int
+    kind: CheckpointKind
+    pipeline_key: str = Field(description="The pipeline the savepoint was taken of")
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    text = {
+        401: "Not authenticated (no, invalid or expired token / session)",
+        403: "Not allowed for this user on this DAG, or CSRF check failed",
+        404: "Unknown DAG run (no stage of it has started) or unknown DAG",
+        409: "Conflict with the run's state (finished, already stopping, not suspended, "
+        "drained savepoint, savepoint of another pipeline)",
+        422: "Invalid request body, or an unreadable savepoint",
+        503: "airflow-finalckpt is not configured on the api-server",
+    }
+    return {code: {"model": ErrorDetail, "description": text[code]} for code in codes}
+
+
+def requires(*methods: Any) -> Callable[..., Principal]:
+    """Dependency: authenticated, CSRF-checked, and allowed ``methods`` on ``{dag_id}``."""
+
+    def dependency(
+        request: Request,
+        dag_id: str,
+        principal: Annotated[Principal, Depends(authenticate)],
+    ) -> Principal:
+        check_csrf(request, principal)
+        authorize_dag(principal, dag_id, *methods)
+        return principal
+
+    return dependency
+
+
+CanRead = Annotated[Principal, Depends(requires("GET"))]
+CanEdit = Annotated[Principal, Depends(requires("PUT"))]
+CanRestore = Annotated[Principal, Depends(requires("PUT", "POST"))]
+Authenticated = Annotated[Principal, Depends(authenticate)]
+
+
+def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
+    """The REST routes; ``get_control`` supplies the control service (tests pass their own)."""
+    router = APIRouter(prefix="/api", responses=_errors(401, 403, 503))
+    Control = Annotated[PipelineControl, Depends(get_control)]
+
+    @router.get(
+        "/runs",
+        tags=[TAG_RUNS],
+        summary="List pipeline runs",
+        response_model=PipelineRunList,
+        responses=_errors(403),
+    )
+    def list_runs(
+        principal: Authenticated,
+        control: Control,
+        dag_id: Annotated[str | None, Query(description="Only runs of this DAG")] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    ) -> PipelineRunList:
+        """Pipeline runs, newest first, of the DAGs whose runs the user may read."""
+        if dag_id is not None:
+            authorize_dag(principal, dag_id, "GET")
+        runs = control.runs(dag_id, limit=limit)
+        readable: dict[str, bool] = {}
+
+        def may_read(run: PipelineRunSummary) -> bool:
+            dags = {d for d, _ in run.dag_runs}
+            for d in dags:
+                if d not in readable:
+                    readable[d] = is_allowed(principal, d, "GET")
+            return bool(dags) and all(readable[d] for d in dags)
+
+        visible = [r for r in runs if may_read(r)]
+        return PipelineRunList(runs=visible, total_entries=len(visible))
+
+    @router.get(
+        "/dags/{dag_id}/runs/{run_id}",
+        tags=[TAG_RUNS],
+        summary="Pipeline run detail",
+        response_model=PipelineDetail,
+        responses=_errors(404),
+    )
+    def get_run(dag_id: str, run_id: str, _: CanRead, control: Control) -> PipelineDetail:
+        """The pipeline run of a DAG run: state, stop request, stages (status, split progress,
+        lifecycle, upstream edges) and the latest checkpoints."""
+        return control.describe(dag_id, run_id)
+
+    @router.get(
+        "/dags/{dag_id}/runs/{run_id}/checkpoints",
+        tags=[TAG_RUNS],
+        summary="Checkpoint history",
+        response_model=CheckpointList,
+        responses=_errors(404),
+    )
+    def get_checkpoints(
+        dag_id: str,
+        run_id: str,
+        _: CanRead,
+        control: Control,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> CheckpointList:
+        """Checkpoints and savepoints, newest first: kind, reason, state, trigger and
+        completion time, duration, size, and every stage's status in each."""
+        detail = control.describe(dag_id, run_id, checkpoints=limit)
+        return CheckpointList(checkpoints=detail.checkpoints, total_entries=len(detail.checkpoints))
+
+    @router.post(
+        "/dags/{dag_id}/runs/{run_id}/stop",
+        tags=[TAG_CONTROL],
+        summary="Stop with drain or with a savepoint",
+        status_code=status.HTTP_202_ACCEPTED,
+        response_model=StopSummary,
+        responses=_errors(404, 409, 422),
+    )
+    def stop_run(
+        dag_id: str, run_id: str, body: StopBody, principal: CanEdit, control: Control
+    ) -> StopSummary:
+        """Request a stop. The answer is the stop request (state ``REQUESTED``); poll the run
+        until its state is ``suspended`` (savepoint) or ``drained`` (drain). Needs permission
+        to edit the DAG's runs."""
+        return control.stop(dag_id, run_id, body.mode, requested_by=principal.name)
+
+    @router.post(
+        "/dags/{dag_id}/runs/{run_id}/resume",
+        tags=[TAG_CONTROL],
+        summary="Resume a suspended run",
+        response_model=StopSummary,
+        responses=_errors(404, 409),
+    )
+    def resume_run(dag_id: str, run_id: str, principal: CanEdit, control: Control) -> StopSummary:
+        """Continue a run suspended at a savepoint, in the same DAG run. A drained run cannot be
+        resumed (409). Needs permission to edit the DAG's runs."""
+        return control.resume(dag_id, run_id, requested_by=principal.name)
+
+    @router.post(
+        "/dags/{dag_id}/restore",
+        tags=[TAG_RESTORE],
+        summary="Restore a savepoint into a new DAG run",
+        status_code=status.HTTP_201_CREATED,
+        response_model=RestoreResponse,
+        responses=_errors(404, 409, 422),
+    )
+    def restore(
+        dag_id: str, body: RestoreBody, principal: CanRestore, control: Control
+    ) -> RestoreResponse:
+        """Check the savepoint (readable, not drained, of this DAG's pipeline), then trigger a
+        new DAG run with conf ``{"restore_from": savepoint_path}``. Needs permission to create
+        and edit the DAG's runs."""
+        record = control.check_restore(dag_id, body.savepoint_path)
+        run_id = trigger_restore_run(dag_id, body.savepoint_path, principal)
+        return RestoreResponse(
+            dag_id=dag_id,
+            run_id=run_id,
+            savepoint_path=body.savepoint_path,
+            checkpoint_id=record.checkpoint_id,
+            kind=record.kind,
+            pipeline_key=record.pipeline_key,
+        )
+
+    return router
+
+
+def trigger_restore_run(dag_id: str, savepoint_path: str, principal: Principal) -> str:
+    """Create a queued DAG run restoring ``savepoint_path``, the way Airflow's REST API does
+    (``airflow.api.common.trigger_dag.trigger_dag``, in the api-server's own process)."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound
+    from airflow.utils.types import DagRunTriggeredByType
+
+    triggered_by = (
+        DagRunTriggeredByType.UI if principal.via == "cookie" else DagRunTriggeredByType.REST_API
+    )
+    try:
+        dag_run = trigger_dag(
+            dag_id,
+            triggered_by=triggered_by,
+            triggering_user_name=principal.name,
+            conf={"restore_from": savepoint_path},
+            note=f"airflow-finalckpt: restore from {savepoint_path} (by {principal.name})",
+        )
+    except DagNotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} not found") from exc
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"DAG {dag_id!r}: {exc}") from exc
+    if dag_run is None:  # pragma: no cover - trigger_dag returns the run or raises
+        raise HTTPException(status.HTTP_409_CONFLICT, f"DAG {dag_id!r}: no run was created")
+    return str(dag_run.run_id)

@@ -1,0 +1,143 @@
+"""HTML routes under ``/finalckpt/ui`` (shown in Airflow's UI through external views) and the
+page's static files. Read-only: the page's buttons POST to the REST routes."""
+
+from collections.abc import Callable
+from importlib import resources
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, Response
+
+from airflow_finalckpt.control import PipelineControl
+from airflow_finalckpt.core.errors import UnknownPipelineError, UnknownRunError
+from airflow_finalckpt.plugins.api import render
+from airflow_finalckpt.plugins.api.auth import (
+    Principal,
+    authenticate,
+    authorize_dag,
+    is_allowed,
+)
+
+TAG_UI = "UI pages"
+STATIC_TYPES = {"finalckpt.js": "text/javascript", "finalckpt.css": "text/css"}
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def base_of(request: Request) -> str:
+    """The app's own URL prefix (``/finalckpt``, behind Airflow's base path if any)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
+    router = APIRouter(tags=[TAG_UI])
+    Control = Annotated[PipelineControl, Depends(get_control)]
+    Authenticated = Annotated[Principal, Depends(authenticate)]
+
+    def runs_html(
+        principal: Principal, control: PipelineControl, dag_id: str | None, base: str
+    ) -> str:
+        if dag_id is not None:
+            authorize_dag(principal, dag_id, "GET")
+        runs = control.runs(dag_id)
+        cache: dict[str, bool] = {}
+
+        def readable(d: str) -> bool:
+            if d not in cache:
+                cache[d] = is_allowed(principal, d, "GET")
+            return cache[d]
+
+        visible = [r for r in runs if r.dag_runs and all(readable(d) for d, _ in r.dag_runs)]
+        return render.runs_live(visible, base)
+
+    @router.get("/ui/runs", response_class=HTMLResponse, summary="Page: all pipeline runs")
+    def runs_page(
+        request: Request,
+        principal: Authenticated,
+        control: Control,
+        dag_id: Annotated[str | None, Query()] = None,
+    ) -> HTMLResponse:
+        base = base_of(request)
+        live = f"{base}/ui/runs/live" + (f"?dag_id={dag_id}" if dag_id else "")
+        body = runs_html(principal, control, dag_id, base)
+        content = render.page(
+            "Pipeline runs",
+            base,
+            "<h1>Pipeline runs</h1>" + f'<div id="runs">{body}</div>',
+            live_url=live,
+            page_kind="runs",
+        )
+        return HTMLResponse(content, headers=NO_STORE)
+
+    @router.get("/ui/runs/live", response_class=HTMLResponse, summary="Fragment: pipeline runs")
+    def runs_fragment(
+        request: Request,
+        principal: Authenticated,
+        control: Control,
+        dag_id: Annotated[str | None, Query()] = None,
+    ) -> HTMLResponse:
+        body = runs_html(principal, control, dag_id, base_of(request))
+        return HTMLResponse(
+            "<h1>Pipeline runs</h1>" + f'<div id="runs">{body}</div>', headers=NO_STORE
+        )
+
+    def pipeline_html(
+        principal: Principal, control: PipelineControl, dag_id: str, run_id: str
+    ) -> str:
+        authorize_dag(principal, dag_id, "GET")
+        detail = control.describe(dag_id, run_id)
+        return render.pipeline_live(detail, dag_id, run_id)
+
+    @router.get(
+        "/ui/dags/{dag_id}/runs/{run_id}",
+        response_class=HTMLResponse,
+        summary="Page: the pipeline of a DAG run",
+    )
+    def pipeline_page(
+        request: Request, dag_id: str, run_id: str, principal: Authenticated, control: Control
+    ) -> HTMLResponse:
+        base = base_of(request)
+        live = render.run_page_url(base, dag_id, run_id) + "/live"
+        code = status.HTTP_200_OK
+        try:
+            body = pipeline_html(principal, control, dag_id, run_id)
+        except (UnknownRunError, UnknownPipelineError) as exc:
+            # Not started yet: show why, and keep polling until the first stage registers it.
+            code = status.HTTP_404_NOT_FOUND
+            body = f'<div class="error" role="alert"><p>{render.e(str(exc))}</p></div>'
+        content = render.page(
+            f"Pipeline of {dag_id} / {run_id}",
+            base,
+            body,
+            live_url=live,
+            page_kind="pipeline",
+            extra=render.confirm_dialog()
+            + f'<div id="endpoints" hidden data-api="{render.e(base)}/api/dags/'
+            f'{render.e(_q(dag_id))}/runs/{render.e(_q(run_id))}"></div>',
+        )
+        return HTMLResponse(content, status_code=code, headers=NO_STORE)
+
+    @router.get(
+        "/ui/dags/{dag_id}/runs/{run_id}/live",
+        response_class=HTMLResponse,
+        summary="Fragment: the live part of the pipeline page",
+    )
+    def pipeline_fragment(
+        dag_id: str, run_id: str, principal: Authenticated, control: Control
+    ) -> HTMLResponse:
+        return HTMLResponse(pipeline_html(principal, control, dag_id, run_id), headers=NO_STORE)
+
+    @router.get("/static/{name}", summary="The page's script and style sheet")
+    def static(name: str, _: Authenticated) -> Response:
+        media = STATIC_TYPES.get(name)
+        if media is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no static file {name!r}")
+        data = resources.files("airflow_finalckpt.plugins.api").joinpath("static", name)
+        return Response(data.read_bytes(), media_type=media, headers={"Cache-Control": "no-cache"})
+
+    return router
+
+
+def _q(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="")

@@ -1,0 +1,235 @@
+"""The Spark driver of a submitted stage: ``spark-submit .../driver.py --job <spec URI>``.
+
+Reads the job spec and the stage code the Airflow task wrote (see ``spark.submit``), runs the
+stage runtime (``StageRunner`` with ``SparkStageLogic``) against the coordination store and the
+checkpoint storage, heartbeats while it runs and writes its ``RunResult`` (or its error) as
+``result.json`` beside the spec. The coordination store URL and the storage settings come from
+the environment (``AIRFLOW__FINALCKPT__STORE_URL`` / ``..._STORAGE_URI`` /
+``..._STORAGE_OPTIONS``), never from the spec file. Airflow is not needed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+log = logging.getLogger("airflow_finalckpt.driver")
+
+
+def _storage_from_env(job_uri: str) -> Any:
+    from airflow_finalckpt.config import parse_storage_options
+    from airflow_finalckpt.spark.submit import STORAGE_OPTIONS_ENV, STORAGE_URI_ENV
+    from airflow_finalckpt.storage import CheckpointStorage
+
+    root = os.environ.get(STORAGE_URI_ENV)
+    if not root:
+        raise SystemExit(
+            f"driver: {STORAGE_URI_ENV} is not set; the Airflow task passes it (client mode) or "
+            "spark.yarn.appMasterEnv / spark.kubernetes.driverEnv carry it (cluster mode)"
+        )
+    options = parse_storage_options(os.environ.get(STORAGE_OPTIONS_ENV, ""))
+    return CheckpointStorage(root, options), options
+
+
+class Heartbeat(threading.Thread):
+    """Writes ``heartbeat.json`` every few seconds; exits the process on a ``cancel`` marker."""
+
+    def __init__(self, files: Any, sid: str, interval: float) -> None:
+        super().__init__(name="finalckpt-heartbeat", daemon=True)
+        self.files = files
+        self.sid = sid
+        self.interval = interval
+        self.epoch: int | None = None
+        self.app_id: str | None = None
+        self.stopped = threading.Event()
+
+    def beat(self) -> None:
+        doc = {
+            "at": time.time(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "epoch": self.epoch,
+            "app_id": self.app_id,
+        }
+        self.files.write(self.sid, "heartbeat.json", json.dumps(doc).encode())
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                if self.files.exists(self.sid, "cancel"):
+                    log.error("driver %s: cancelled by the Airflow task (on_kill)", self.sid)
+                    os._exit(143)
+                self.beat()
+            except Exception as exc:  # a storage hiccup must not kill the driver
+                log.warning("driver %s: heartbeat failed: %s", self.sid, exc)
+
+
+def run_job(job_uri: str) -> int:
+    from airflow_finalckpt.config import mask_url
+    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.runtime.runner import CommitMode, StageRunner, StageSpec
+    from airflow_finalckpt.spark.submit import (
+        STORE_URL_ENV,
+        DriverJob,
+        Files,
+        resolve_reference,
+        result_to_json,
+    )
+    from airflow_finalckpt.store.engine import make_engine
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    storage, _options = _storage_from_env(job_uri)
+    fs = storage.fs
+    job = DriverJob.from_json(bytes(fs.cat_file(job_uri)))
+    files = Files(storage, job.pipeline_key, job.stage_id)
+    sid = job.submission_id
+    heartbeat = Heartbeat(files, sid, job.heartbeat_interval_s)
+    heartbeat.beat()
+    heartbeat.start()
+    runner: StageRunner | None = None
+    try:
+        store_url = os.environ.get(STORE_URL_ENV)
+        if not store_url:
+            raise RuntimeError(f"{STORE_URL_ENV} is not set in the driver's environment")
+        if mask_url(store_url) != job.store_url_masked:
+            raise RuntimeError(
+                f"the driver's coordination store {mask_url(store_url)} is not the Airflow "
+                f"task's {job.store_url_masked}"
+            )
+        code: dict[str, Any] = {}
+        if any(v == "pickle" for v in job.code.values()):
+            blob = files.read(sid, "code.pkl")
+            if blob is None:
+                raise RuntimeError(f"code file {files.path(sid, 'code.pkl')} is missing")
+            code = pickle.loads(blob)  # written by the Airflow task of this very submission
+
+        def load(name: str) -> Any:
+            how = job.code.get(name)
+            if how is None:
+                return None
+            if how == "pickle":
+                return code[name]
+            return resolve_reference(how[len("ref:") :])
+
+        transform = load("transform")
+        on_finish = load("on_finish")
+        sinks = list(load("sinks") or [])
+
+        from pyspark.sql import SparkSession
+
+        from airflow_finalckpt.spark.stage import SparkStageLogic
+
+        def session() -> SparkSession:
+            spark = SparkSession.builder.getOrCreate()
+            try:
+                heartbeat.app_id = spark.sparkContext.applicationId
+            except Exception:
+                heartbeat.app_id = None
+            return spark
+
+        engine = make_engine(store_url)
+        ensure_schema(engine)
+        coordinator = Coordinator(engine, job.pipeline_key, writer=storage)
+        logic = SparkStageLogic(
+            session,
+            storage,
+            job.pipeline_key,
+            job.stage_id,
+            transform,
+            on_finish=on_finish,
+            sinks=sinks,
+            upstream_manifests=job.upstream_manifests,
+        )
+        runner = StageRunner(
+            coordinator,
+            StageSpec(
+                pipeline_key=job.pipeline_key,
+                stage_id=job.stage_id,
+                splits=tuple(job.splits),
+                batch_size=job.batch_size,
+                checkpoint_interval_s=job.checkpoint_interval_s,
+                commit_mode=CommitMode(job.commit_mode),
+            ),
+            logic,
+            sinks,
+            output_handle=logic.output_handle,
+            log=log,
+            on_progress=lambda _p: setattr(heartbeat, "epoch", runner.epoch if runner else None),
+        )
+        log.info(
+            "driver %s: stage %s of pipeline %s, %d splits, store %s, storage %s",
+            sid,
+            job.stage_id,
+            job.pipeline_key,
+            len(job.splits),
+            mask_url(store_url),
+            storage.root_uri,
+        )
+        result = runner.run()
+        heartbeat.epoch = runner.epoch
+        files.write(
+            sid,
+            "result.json",
+            result_to_json(
+                result,
+                epoch=runner.epoch,
+                app_id=heartbeat.app_id,
+                spark_started=logic.spark_started,
+            ),
+        )
+        log.info("driver %s: stage %s %s", sid, job.stage_id, result.status.value)
+        return 0
+    except BaseException as exc:
+        doc = {
+            "error": {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(limit=20),
+            },
+            "epoch": runner.epoch if runner is not None else None,
+        }
+        try:
+            files.write(sid, "result.json", json.dumps(doc).encode())
+        finally:
+            log.error("driver %s failed: %s: %s", sid, type(exc).__name__, exc)
+        return 1
+    finally:
+        heartbeat.stopped.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True, help="URI of the job spec (spec.json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s finalckpt-driver %(message)s",
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    code = run_job(args.job)
+    try:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+    except Exception:
+        pass
+    return code
+
+
+if __name__ == "__main__":
+    # spark-submit runs this file as a script: its directory must not shadow top-level modules.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,147 @@
+"""Opening the coordination store at start: bounded retries with exponential back-off.
+
+A task (or the triggerer) that starts while the coordination database is down, restarting or
+not reachable yet (a pod that starts before its database, a fail-over) should neither hang nor
+fail at once: ``open_store`` connects and brings the schema to head, retrying connection
+failures with exponential back-off, and after the last attempt raises ``StoreUnreachableError``
+naming the store (password masked), the number of attempts and the last error.
+
+Only connection-level failures are retried (``OperationalError``, ``InterfaceError``, a connection
+invalidated under us). A schema written by a newer package, a wrong driver or a malformed URL
+fail at once. Nothing is created before the database answers: the schema upgrade is one
+transaction (see ``migrate``), so an attempt that fails half-way leaves no partial schema.
+
+Plain Python (no Airflow, no tenacity): the core must work without Airflow installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from airflow_finalckpt.config import mask_url
+from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+log = logging.getLogger(__name__)
+
+#: Defaults of ``[finalckpt] store_connect_retries`` / ``store_connect_backoff_s``: 6 attempts,
+#: waiting 1, 2, 4, 8, 16 s in between (31 s in all).
+DEFAULT_CONNECT_RETRIES = 5
+DEFAULT_CONNECT_BACKOFF_S = 1.0
+#: No single wait is longer than this.
+MAX_BACKOFF_S = 30.0
+#: libpq's connect timeout when the URL sets none: a black-holed host fails an attempt after
+#: this long instead of the operating system's TCP timeout (minutes).
+PG_CONNECT_TIMEOUT_S = 10
+
+#: ``on_retry(attempt, error, delay_s)``: called after failed attempt ``attempt`` (1-based),
+#: before waiting ``delay_s`` for the next one.
+RetryCallback = Callable[[int, BaseException, float], None]
+
+
+class StoreUnreachableError(ConfigurationError):
+    """The coordination database did not answer within the configured attempts."""
+
+    def __init__(self, message: str, *, url: str, attempts: int) -> None:
+        super().__init__(message)
+        self.url = url
+        self.attempts = attempts
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database could not be reached (worth retrying)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def backoff_delays(
+    retries: int, backoff_s: float, max_backoff_s: float = MAX_BACKOFF_S
+) -> list[float]:
+    """The waits between attempts: ``backoff_s`` doubling, each at most ``max_backoff_s``."""
+    return [min(backoff_s * 2**n, max_backoff_s) for n in range(retries)]
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return lines[0].strip() if lines else type(cause).__name__
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        return {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}}
+    return {}
+
+
+def open_store(
+    url: str,
+    *,
+    retries: int = DEFAULT_CONNECT_RETRIES,
+    backoff_s: float = DEFAULT_CONNECT_BACKOFF_S,
+    max_backoff_s: float = MAX_BACKOFF_S,
+    on_retry: RetryCallback | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Engine:
+    """An engine of the coordination store with its schema at head, once the database answers.
+
+    Tries ``retries + 1`` times, waiting ``backoff_s`` seconds after the first failure and twice
+    as long after each next one (at most ``max_backoff_s``). Raises StoreUnreachableError after
+    the last failed attempt; any other error (ConfigurationError for a newer schema, a missing
+    driver) at once. The engine of a failed attempt is disposed of: nothing is left open.
+    """
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
+    if backoff_s < 0:
+        raise ValueError(f"backoff_s must be >= 0, got {backoff_s}")
+    masked = mask_url(url)
+    delays = backoff_delays(retries, backoff_s, max_backoff_s)
+    attempts = retries + 1
+    start = time.monotonic()
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        engine = make_engine(url, **_engine_kwargs(url))
+        try:
+            ensure_schema(engine)
+            if attempt > 1:
+                log.info("coordination store %s answered at attempt %d", masked, attempt)
+            return engine
+        except BaseException as exc:
+            engine.dispose()
+            if not is_connection_error(exc):
+                raise
+            last = exc
+        if attempt == attempts:
+            break
+        delay = delays[attempt - 1]
+        log.warning(
+            "coordination store %s is unreachable (attempt %d of %d): %s; retrying in %.1f s",
+            masked,
+            attempt,
+            attempts,
+            _first_line(last),
+            delay,
+        )
+        if on_retry is not None:
+            on_retry(attempt, last, delay)
+        sleep(delay)
+    assert last is not None
+    elapsed = time.monotonic() - start
+    raise StoreUnreachableError(
+        f"cannot reach the coordination store {masked}: {attempts} "
+        f"attempt{'s' if attempts != 1 else ''} failed in {elapsed:.1f} s "
+        f"(store_connect_retries={retries}, store_connect_backoff_s={backoff_s:g}); last "
+        f"error: {_first_line(last)}. Nothing was created; check that the database runs and "
+        "that the finalckpt store_url (or the finalckpt_default connection) points to it",
+        url=masked,
+        attempts=attempts,
+    ) from last

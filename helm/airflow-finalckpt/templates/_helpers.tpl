@@ -1,0 +1,250 @@
+{{/*
+Names. fullname: the release name when it already contains "finalckpt", else
+"<release>-finalckpt"; truncated to 40 characters so that suffixed names stay DNS labels.
+*/}}
+{{- define "finalckpt.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "finalckpt.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else if contains "finalckpt" .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-finalckpt" .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "finalckpt.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "finalckpt.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "finalckpt.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "finalckpt.labels" -}}
+helm.sh/chart: {{ include "finalckpt.chart" . }}
+{{ include "finalckpt.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: airflow-finalckpt
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Resource names, shared by the templates, NOTES and the tests. */}}
+{{- define "finalckpt.configMapName" -}}{{ include "finalckpt.fullname" . }}-config{{- end }}
+{{- define "finalckpt.sparkConfigMapName" -}}{{ include "finalckpt.fullname" . }}-spark-defaults{{- end }}
+{{- define "finalckpt.migrationJobName" -}}{{ include "finalckpt.fullname" . }}-db-migrate{{- end }}
+{{- define "finalckpt.gcName" -}}{{ include "finalckpt.fullname" . }}-gc{{- end }}
+
+{{- define "finalckpt.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+Coordination database: the Secret and key holding the store URL.
+*/}}
+{{- define "finalckpt.storeSecretName" -}}
+{{- if and (eq .Values.coordinationDb.mode "external") .Values.coordinationDb.external.existingSecret.name }}
+{{- .Values.coordinationDb.external.existingSecret.name }}
+{{- else }}
+{{- include "finalckpt.fullname" . }}-store
+{{- end }}
+{{- end }}
+
+{{- define "finalckpt.storeSecretKey" -}}
+{{- if and (eq .Values.coordinationDb.mode "external") .Values.coordinationDb.external.existingSecret.name }}
+{{- .Values.coordinationDb.external.existingSecret.key | default "url" }}
+{{- else -}}
+url
+{{- end }}
+{{- end }}
+
+{{/* Whether this chart creates the store Secret (not when an existing one is named). */}}
+{{- define "finalckpt.createStoreSecret" -}}
+{{- if not (and (eq .Values.coordinationDb.mode "external") .Values.coordinationDb.external.existingSecret.name) -}}
+true
+{{- end }}
+{{- end }}
+
+{{- define "finalckpt.airflowPostgresHost" -}}
+{{- $pg := .Values.coordinationDb.airflowPostgres }}
+{{- $pg.host | default (printf "%s-postgresql.%s.svc" .Values.airflow.releaseName .Release.Namespace) }}
+{{- end }}
+
+{{/* The store URL this chart writes into its Secret (psycopg 3 driver). */}}
+{{- define "finalckpt.storeUrl" -}}
+{{- if eq .Values.coordinationDb.mode "external" }}
+{{- required "coordinationDb.external.url or coordinationDb.external.existingSecret.name is required when coordinationDb.mode is external" .Values.coordinationDb.external.url }}
+{{- else }}
+{{- $pg := .Values.coordinationDb.airflowPostgres }}
+{{- /* urlquery writes a space as "+" (a literal "+" becomes %2B): userinfo needs %20. */}}
+{{- printf "postgresql+psycopg://%s:%s@%s:%d/%s?sslmode=%s" ($pg.user | urlquery | replace "+" "%20") ($pg.password | urlquery | replace "+" "%20") (include "finalckpt.airflowPostgresHost" .) (int $pg.port) $pg.database ($pg.sslmode | urlquery) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checkpoint storage.
+*/}}
+{{- define "finalckpt.pvcName" -}}
+{{- .Values.checkpointStorage.pvc.existingClaim | default (printf "%s-checkpoints" (include "finalckpt.fullname" .)) }}
+{{- end }}
+
+{{- define "finalckpt.storageUri" -}}
+{{- if eq .Values.checkpointStorage.mode "pvc" }}
+{{- .Values.checkpointStorage.pvc.mountPath }}
+{{- else }}
+{{- .Values.checkpointStorage.objectStore.uri }}
+{{- end }}
+{{- end }}
+
+{{/*
+Spark.
+*/}}
+{{- define "finalckpt.sparkNamespace" -}}
+{{- .Values.spark.kubernetes.namespace | default .Release.Namespace }}
+{{- end }}
+
+{{- define "finalckpt.sparkServiceAccountName" -}}
+{{- .Values.spark.kubernetes.serviceAccount.name | default (printf "%s-spark" (include "finalckpt.fullname" .)) }}
+{{- end }}
+
+{{- define "finalckpt.sparkSubmitters" -}}
+{{- $names := .Values.spark.kubernetes.submitterServiceAccounts }}
+{{- if not $names }}{{ $names = list (printf "%s-worker" .Values.airflow.releaseName) }}{{ end }}
+{{- toJson $names }}
+{{- end }}
+
+{{/* The Airflow connection (JSON form) read by the Spark provider's SparkSubmitHook. */}}
+{{- define "finalckpt.sparkConnection" -}}
+{{- $s := .Values.spark }}
+{{- $extra := dict }}
+{{- if ne $s.mode "connect" }}{{ $_ := set $extra "deploy-mode" $s.deployMode }}{{ end }}
+{{- if eq $s.mode "kubernetes" }}{{ $_ := set $extra "namespace" (include "finalckpt.sparkNamespace" .) }}{{ end }}
+{{- $extra = merge (deepCopy $s.connectionExtra) $extra }}
+{{- $master := ternary "yarn" $s.master (eq $s.mode "yarn") }}
+{{- toJson (dict "conn_type" "spark" "host" $master "extra" $extra) }}
+{{- end }}
+
+{{/* spark-defaults.conf: derived Kubernetes settings first, user entries override. */}}
+{{- define "finalckpt.sparkDefaults" -}}
+{{- $conf := dict }}
+{{- if eq .Values.spark.mode "kubernetes" }}
+{{- $_ := set $conf "spark.kubernetes.namespace" (include "finalckpt.sparkNamespace" .) }}
+{{- $_ := set $conf "spark.kubernetes.authenticate.driver.serviceAccountName" (include "finalckpt.sparkServiceAccountName" .) }}
+{{- $_ := set $conf "spark.kubernetes.container.image" .Values.spark.kubernetes.containerImage }}
+{{- end }}
+{{- range $k, $v := .Values.spark.conf }}{{ $_ := set $conf $k (toString $v) }}{{ end }}
+{{- range $k := keys $conf | sortAlpha }}
+{{ $k }} {{ get $conf $k }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod wiring shared by the jobs of this chart, and printed in NOTES for the official chart:
+env from the settings ConfigMap, the store URL Secret, storage credentials, volumes.
+*/}}
+{{- define "finalckpt.envFrom" -}}
+- configMapRef:
+    name: {{ include "finalckpt.configMapName" . }}
+{{- end }}
+
+{{- define "finalckpt.secretEnv" -}}
+- name: AIRFLOW__FINALCKPT__STORE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "finalckpt.storeSecretName" . }}
+      key: {{ include "finalckpt.storeSecretKey" . }}
+{{- if eq .Values.checkpointStorage.mode "objectStore" }}
+{{- $creds := .Values.checkpointStorage.objectStore.credentials }}
+{{- range $envName := keys $creds.env | sortAlpha }}
+- name: {{ $envName }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $creds.existingSecret }}
+      key: {{ get $creds.env $envName }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "finalckpt.volumes" -}}
+- name: finalckpt-spark-conf
+  configMap:
+    name: {{ include "finalckpt.sparkConfigMapName" . }}
+{{- if eq .Values.checkpointStorage.mode "pvc" }}
+- name: finalckpt-checkpoints
+  persistentVolumeClaim:
+    claimName: {{ include "finalckpt.pvcName" . }}
+{{- end }}
+{{- end }}
+
+{{- define "finalckpt.volumeMounts" -}}
+- name: finalckpt-spark-conf
+  mountPath: {{ .Values.spark.confMountPath }}
+  readOnly: true
+{{- if eq .Values.checkpointStorage.mode "pvc" }}
+- name: finalckpt-checkpoints
+  mountPath: {{ .Values.checkpointStorage.pvc.mountPath }}
+{{- end }}
+{{- end }}
+
+{{- define "finalckpt.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.jobs.serviceAccountName }}
+serviceAccountName: {{ . }}
+{{- end }}
+automountServiceAccountToken: false
+{{- with .Values.jobs.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.jobs.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.jobs.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.jobs.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The values to merge into the official apache-airflow chart (printed by NOTES, used in
+docs/operations.md): the plugin image, env from our ConfigMap and Secrets, and the volumes.
+*/}}
+{{- define "finalckpt.officialChartValues" -}}
+images:
+  airflow:
+    repository: {{ .Values.image.repository }}
+    tag: {{ default .Chart.AppVersion .Values.image.tag | quote }}
+extraEnvFrom: |
+  {{- include "finalckpt.envFrom" . | nindent 2 }}
+secret:
+  - envName: AIRFLOW__FINALCKPT__STORE_URL
+    secretName: {{ include "finalckpt.storeSecretName" . }}
+    secretKey: {{ include "finalckpt.storeSecretKey" . }}
+{{- if eq .Values.checkpointStorage.mode "objectStore" }}
+{{- $creds := .Values.checkpointStorage.objectStore.credentials }}
+{{- range $envName := keys $creds.env | sortAlpha }}
+  - envName: {{ $envName }}
+    secretName: {{ $creds.existingSecret }}
+    secretKey: {{ get $creds.env $envName }}
+{{- end }}
+{{- end }}
+volumes:
+  {{- include "finalckpt.volumes" . | nindent 2 }}
+volumeMounts:
+  {{- include "finalckpt.volumeMounts" . | nindent 2 }}
+{{- end }}

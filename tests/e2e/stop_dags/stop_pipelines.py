@@ -1,0 +1,36 @@
+"""Copies of the example pipeline for the stop / resume end-to-end tests, each with its own
+output and pace (FINALCKPT_E2E_WORK and FINALCKPT_E2E_DAYS are set by the tests' cluster, see
+tests/e2e/ui_cluster.py). ``retries=1``: a stage task that Airflow fails for its own reasons
+(e.g. apache/airflow#72716, a deferred task failed by a stale executor event under load) is
+retried, and the retry continues the stage from its durable progress."""
+
+from __future__ import annotations
+
+import os
+
+from airflow_finalckpt.examples.nycflights13.dag import build_dag
+
+WORK = os.environ.get("FINALCKPT_E2E_WORK", "/tmp/finalckpt-e2e-stop")
+DAYS = int(os.environ.get("FINALCKPT_E2E_DAYS", "21"))
+
+
+def _copy(dag_id: str, name: str, **pace: float) -> object:
+    return build_dag(
+        dag_id,
+        input_dir=f"{WORK}/input",
+        output_dir=f"{WORK}/{name}/output",
+        days=DAYS,
+        retries=1,
+        asset=f"{dag_id}_windows",
+        **pace,
+    )
+
+
+# stop with savepoint / resume through the REST API and the UI page
+savepoint_dag = _copy("finalckpt_e2e_savepoint", "savepoint", enrich_delay_s=3.0)
+# stop with savepoint / resume through the CLI, sinks compared row for row; slower batches:
+# the stop comes from a console script whose start-up under load can take several seconds, and
+# it must land before enrich's second batch ends (tests/e2e/test_stop_resume.py)
+resume_dag = _copy("finalckpt_e2e_resume", "resume", enrich_delay_s=8.0)
+# stop with drain mid-ingest
+drain_dag = _copy("finalckpt_e2e_drain", "drain", ingest_delay_s=3.0)

@@ -1,0 +1,168 @@
+"""The plugin's REST API and UI pages inside a REAL Airflow api-server (with scheduler,
+dag-processor, triggerer, LocalExecutor, PostgreSQL, SimpleAuthManager users).
+
+- the app is mounted at /finalckpt, its pages are registered as external views, every route
+  needs an Airflow login;
+- while the example pipeline runs: anonymous -> 401, a forged token -> 401, viewer -> 403, a
+  cookie session without the CSRF header -> 403, and nothing changes; then user stops it with a
+  savepoint through REST, it turns suspended (stage deferred), resumes and succeeds;
+- restore through REST creates a DAG run with ``{"restore_from": path}`` in its conf.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import func, select
+
+from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.engine import make_engine
+
+from .airflow_cluster import AirflowCluster
+from .ui_cluster import SAVEPOINT_DAG, run_api, stage_running, store_url, ui_cluster, wait_for
+
+CSRF = {"X-Finalckpt-Request": "1"}
+
+
+@pytest.fixture(scope="module")
+def cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster:
+    return ui_cluster(airflow_cluster)
+
+
+def store_rows() -> tuple[Any, ...]:
+    """What a stop or resume would change: stop requests, savepoints, stage lifecycles."""
+    engine = make_engine(store_url())
+    try:
+        with engine.connect() as conn:
+            stops = conn.execute(select(func.count()).select_from(t.stop_requests)).scalar()
+            savepoints = conn.execute(
+                select(func.count())
+                .select_from(t.checkpoints)
+                .where(t.checkpoints.c.kind != "checkpoint")
+            ).scalar()
+            return stops, savepoints
+    finally:
+        engine.dispose()
+
+
+def test_plugin_app_and_views_are_served(cluster: AirflowCluster) -> None:
+    plugins = cluster.api("GET", "/api/v2/plugins")["plugins"]
+    ours = next(p for p in plugins if p["name"] == "finalckpt")
+    views = {v["url_route"]: v for v in ours["external_views"]}
+    assert views["finalckpt-pipeline"]["destination"] == "dag_run"
+    assert views["finalckpt-pipeline"]["href"] == "/finalckpt/ui/dags/{DAG_ID}/runs/{RUN_ID}"
+    assert views["finalckpt"]["destination"] == "nav"
+    assert [a["url_prefix"] for a in ours["fastapi_apps"]] == ["/finalckpt"]
+
+    for path in (
+        "/finalckpt/api/runs",
+        "/finalckpt/ui/runs",
+        "/finalckpt/api/openapi.json",
+        "/finalckpt/static/finalckpt.js",
+    ):
+        anonymous = cluster.request("GET", path, user=None)
+        assert anonymous.status_code == 401, (path, anonymous.text)
+        assert anonymous.headers["www-authenticate"].startswith("Bearer")
+        assert cluster.request("GET", path, user="viewer").status_code == 200, path
+    page = cluster.request("GET", "/finalckpt/ui/runs", user=None)
+    assert 'href="/auth/login' in page.text
+    html = cluster.request("GET", "/finalckpt/ui/runs", user="viewer")
+    assert html.headers["content-type"].startswith("text/html")
+    assert "<h1>Pipeline runs</h1>" in html.text
+    doc = cluster.request("GET", "/finalckpt/api/openapi.json", user="viewer").json()
+    assert "/api/dags/{dag_id}/runs/{run_id}/stop" in doc["paths"]
+
+
+def test_authorization_then_stop_with_savepoint_and_resume_through_rest(
+    cluster: AirflowCluster,
+) -> None:
+    run_id = cluster.trigger_dag(SAVEPOINT_DAG)
+    api = run_api(SAVEPOINT_DAG, run_id)
+    wait_for(lambda: stage_running(cluster, SAVEPOINT_DAG, run_id, "enrich"), "enrich running")
+
+    before = store_rows()
+    forged = cluster.token("admin")[:-4] + "AAAA"
+    attempts: list[tuple[str, dict[str, Any], int]] = [
+        ("anonymous", {"user": None}, 401),
+        ("forged token", {"token": forged}, 401),
+        ("viewer", {"user": "viewer"}, 403),
+    ]
+    for who, auth, code in attempts:
+        for path, body in [
+            (f"{api}/stop", {"mode": "savepoint"}),
+            (f"{api}/stop", {"mode": "drain"}),
+            (f"{api}/resume", {}),
+            (f"/finalckpt/api/dags/{SAVEPOINT_DAG}/restore", {"savepoint_path": "/x/chk-1"}),
+        ]:
+            resp = cluster.request("POST", path, json=body, headers=CSRF, **auth)
+            assert resp.status_code == code, (who, path, resp.text)
+    # the UI session cookie of a user who may edit, but no CSRF header
+    cookie = cluster.http.post(
+        f"{api}/stop",
+        json={"mode": "savepoint"},
+        headers={"Cookie": f"_token={cluster.token('user')}"},
+    )
+    assert cookie.status_code == 403 and "CSRF" in cookie.json()["detail"]
+    assert store_rows() == before
+    detail = cluster.request("GET", api, user="viewer").json()
+    assert detail["summary"]["state"] == "running" and detail["summary"]["stop"] is None
+
+    asked = time.monotonic()
+    stop = cluster.request("POST", f"{api}/stop", json={"mode": "savepoint"}, user="user")
+    assert stop.status_code == 202, stop.text
+    assert stop.json()["requested_by"] == "user"
+    again = cluster.request("POST", f"{api}/stop", json={"mode": "drain"}, user="user")
+    assert again.status_code == 409 and "already stopping" in again.json()["detail"]
+
+    def suspended() -> dict[str, Any] | None:
+        body = cluster.request("GET", api, user="viewer").json()
+        return body if body["summary"]["state"] == "suspended" else None
+
+    detail = wait_for(suspended, "the run to turn suspended", timeout=180)
+    took = time.monotonic() - asked
+    print(f"\n[ui-e2e] stop with savepoint via REST: suspended after {took:.1f}s")
+    assert detail["summary"]["stop"]["savepoint_path"]
+    stages = {s["stage_id"]: s for s in detail["stages"]}
+    assert stages["enrich"]["lifecycle"] == "SUSPENDED"
+    assert stages["publish"]["lifecycle"] == "NOT_STARTED"
+    wait_for(
+        lambda: cluster.task_instance(SAVEPOINT_DAG, run_id, "enrich")["state"] == "deferred",
+        "enrich deferred while suspended",
+        timeout=120,
+    )
+    savepoint = detail["summary"]["stop"]["savepoint_path"]
+
+    assert cluster.request("POST", f"{api}/resume", user="viewer").status_code == 403
+    resumed = cluster.request("POST", f"{api}/resume", user="user")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["state"] == "RESUMED"
+    state = cluster.wait_for_run(SAVEPOINT_DAG, run_id, timeout=600)
+    assert state == "success", cluster.log_tails(60)
+    final = cluster.request("GET", api, user="viewer").json()
+    assert final["summary"]["state"] == "finished"
+    assert any(c["kind"] == "savepoint" for c in final["checkpoints"])
+
+    # restore the savepoint into a new DAG run (left queued: the DAG is paused)
+    cluster.pause(SAVEPOINT_DAG)
+    restore_path = f"/finalckpt/api/dags/{SAVEPOINT_DAG}/restore"
+    denied = cluster.request(
+        "POST", restore_path, json={"savepoint_path": savepoint}, user="viewer"
+    )
+    assert denied.status_code == 403
+    created = cluster.request("POST", restore_path, json={"savepoint_path": savepoint}, user="user")
+    assert created.status_code == 201, created.text
+    new_run = created.json()["run_id"]
+    run = cluster.api("GET", f"/api/v2/dags/{SAVEPOINT_DAG}/dagRuns/{quote(new_run, safe='')}")
+    assert run["conf"] == {"restore_from": savepoint}
+    assert run["triggering_user_name"] == "user"
+    missing = cluster.request(
+        "POST",
+        "/finalckpt/api/dags/no_such_dag/restore",
+        json={"savepoint_path": savepoint},
+        user="admin",
+    )
+    assert missing.status_code == 409 and "not of DAG 'no_such_dag'" in missing.json()["detail"]
