@@ -86,6 +86,9 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
 ) -> None:
     from playwright.sync_api import expect
 
+    # expect() has its own 5 s default, separate from the context's; the first paint of
+    # Airflow's iframe takes longer than that on a loaded 2-core CI machine
+    expect.set_options(timeout=TIMEOUT_MS)
     run_id = cluster.trigger_dag(SAVEPOINT_DAG)
     wait_for(lambda: stage_running(cluster, SAVEPOINT_DAG, run_id, "enrich"), "enrich running")
 
