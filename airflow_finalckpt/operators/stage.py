@@ -240,12 +240,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         epoch: int = 0,
     ) -> Any:
         """Back from a suspension: continue the stage from its durable progress (same run)."""
-        event = event or {}
-        if event.get("status") != "resumed":
-            raise FinalCheckpointError(
-                f"stage {self.stage_id!r}: waiting for the resume of pipeline {pipeline_key!r} "
-                f"ended with {event.get('status')!r}: {event.get('message', event)}"
-            )
+        event = self._expect_event(event, "resumed", f"the resume of pipeline {pipeline_key!r}")
         self.log.info(
             "pipeline %s %s: stage %s continues from its savepoint (attempt epoch was %d)",
             pipeline_key,
@@ -347,13 +342,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         epoch: int = 0,
     ) -> Any:
         """Back from the triggerer: commit up to the final checkpoint, close, succeed."""
-        event = event or {}
-        status = event.get("status")
-        if status != "closable":
-            raise FinalCheckpointError(
-                f"stage {self.stage_id!r}: waiting for the final checkpoint ended with "
-                f"{status!r}: {event.get('message', event)}"
-            )
+        event = self._expect_event(event, "closable", "the final checkpoint")
         hook = self._hook()
         coordinator = hook.get_coordinator(pipeline_key)
         runner = StageRunner(
@@ -370,6 +359,19 @@ class FinalCheckpointStageOperator(BaseOperator):
                 "closable but the stage cannot close"
             )
         return self._publish(context, eod)
+
+    def _expect_event(
+        self, event: Mapping[str, Any] | None, status: str, waiting_for: str
+    ) -> Mapping[str, Any]:
+        """The trigger's event if it has the expected status; anything else (error, timeout,
+        stale attempt) fails the task with the trigger's message."""
+        event = event or {}
+        if event.get("status") != status:
+            raise FinalCheckpointError(
+                f"stage {self.stage_id!r}: waiting for {waiting_for} ended with "
+                f"{event.get('status')!r}: {event.get('message', event)}"
+            )
+        return event
 
     def _publish(self, context: Context, eod: EndOfData) -> dict[str, Any]:
         doc = eod.model_dump(mode="json")

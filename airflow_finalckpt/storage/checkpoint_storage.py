@@ -244,36 +244,31 @@ class CheckpointStorage:
     def checkpoint_dir_ids(self, pipeline_key: str) -> list[int]:
         """Ids of every ``chk-<id>`` directory of a pipeline, with or without ``_metadata``
         (one listing of the pipeline directory), ascending."""
-        fs_dir = self._pipeline_fs_dir(pipeline_key)
-        self.fs.invalidate_cache(fs_dir)
-        try:
-            entries = self.fs.ls(fs_dir, detail=False)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise StorageError(f"cannot list {self._public(fs_dir)}: {exc}") from exc
-        ids = (parse_checkpoint_dir_name(posixpath.basename(str(e).rstrip("/"))) for e in entries)
-        return sorted(i for i in ids if i is not None)
+        return sorted(self._list_checkpoint_dirs(pipeline_key)[1])
 
     def list_checkpoints(self, pipeline_key: str) -> list[tuple[int, str]]:
         """Completed checkpoints (those with ``_metadata``) as (id, metadata path), by id."""
+        fs_dir, ids = self._list_checkpoint_dirs(pipeline_key)
+        found = []
+        for checkpoint_id in sorted(ids):
+            fs_path = f"{fs_dir}/{checkpoint_dir_name(checkpoint_id)}/{METADATA_FILE_NAME}"
+            if self.fs.isfile(fs_path):
+                found.append((checkpoint_id, self._public(fs_path)))
+        return found
+
+    def _list_checkpoint_dirs(self, pipeline_key: str) -> tuple[str, list[int]]:
+        """The pipeline's directory (fsspec path) and the ids of its ``chk-<id>`` entries, from a
+        fresh listing (fsspec caches listings; another process may have written since)."""
         fs_dir = self._pipeline_fs_dir(pipeline_key)
         self.fs.invalidate_cache(fs_dir)
         try:
             entries = self.fs.ls(fs_dir, detail=False)
         except FileNotFoundError:
-            return []
+            return fs_dir, []
         except OSError as exc:
             raise StorageError(f"cannot list {self._public(fs_dir)}: {exc}") from exc
-        found = []
-        for entry in entries:
-            checkpoint_id = parse_checkpoint_dir_name(posixpath.basename(str(entry).rstrip("/")))
-            if checkpoint_id is None:
-                continue
-            fs_path = f"{fs_dir}/{checkpoint_dir_name(checkpoint_id)}/{METADATA_FILE_NAME}"
-            if self.fs.isfile(fs_path):
-                found.append((checkpoint_id, self._public(fs_path)))
-        return sorted(found)
+        ids = (parse_checkpoint_dir_name(posixpath.basename(str(e).rstrip("/"))) for e in entries)
+        return fs_dir, [i for i in ids if i is not None]
 
     # -- state files ------------------------------------------------------------------------
 

@@ -107,8 +107,9 @@ class _StagePollingTrigger(BaseTrigger):
         pipeline_key: str,
         stage_id: str,
         store_url: str,
-        poll_interval: float,
+        poll_interval: float = 1.0,
         timeout: float | None = None,
+        *,
         deadline: float | None = None,
     ) -> None:
         super().__init__()
@@ -161,7 +162,20 @@ class _StagePollingTrigger(BaseTrigger):
         }
 
     def _poll(self) -> _Poll:
-        """One blocking look at the store (runs in a worker thread)."""
+        """One blocking look at the store (runs in a worker thread): the snapshot shared by
+        this process's waiters answers "nothing to do yet" cheaply; anything else (or no
+        snapshot) goes to the coordinator, which decides again."""
+        snapshot = self._shared_snapshot()
+        if snapshot is not None and self._idle(snapshot):
+            return _Poll()
+        return self._poll_coordinator()
+
+    def _idle(self, snapshot: PipelineSnapshot) -> bool:
+        """True (after reporting what the wait is on) if the snapshot shows nothing to do."""
+        raise NotImplementedError
+
+    def _poll_coordinator(self) -> _Poll:
+        """The authoritative look, through the coordinator."""
         raise NotImplementedError
 
     def _shared_snapshot(self) -> PipelineSnapshot | None:
@@ -289,7 +303,9 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
         epoch: int | None = None,
         deadline: float | None = None,
     ) -> None:
-        super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
+        super().__init__(
+            pipeline_key, stage_id, store_url, poll_interval, timeout, deadline=deadline
+        )
         if storage_uri is None:
             settings = load_settings()
             storage_uri = settings.storage_uri
@@ -326,14 +342,11 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
             )
         return self._coordinator
 
-    def _poll(self) -> _Poll:
-        snapshot = self._shared_snapshot()
-        if snapshot is not None and snapshot.final_checkpoint_idle(
-            self.stage_id, self.epoch, time.time()
-        ):
-            self._report_stop(snapshot.stop)
-            return _Poll()
-        return self._poll_coordinator()
+    def _idle(self, snapshot: PipelineSnapshot) -> bool:
+        if not snapshot.final_checkpoint_idle(self.stage_id, self.epoch, time.time()):
+            return False
+        self._report_stop(snapshot.stop)
+        return True
 
     def _poll_coordinator(self) -> _Poll:
         """The coordinator decides (and may trigger or abort checkpoints): the shared snapshot
@@ -392,7 +405,9 @@ class StageResumeTrigger(_StagePollingTrigger):
         epoch: int | None = None,
         deadline: float | None = None,
     ) -> None:
-        super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
+        super().__init__(
+            pipeline_key, stage_id, store_url, poll_interval, timeout, deadline=deadline
+        )
         self.epoch = epoch
 
     def _kwargs(self) -> dict[str, Any]:
@@ -403,13 +418,12 @@ class StageResumeTrigger(_StagePollingTrigger):
     def _what(self) -> str:
         return f"the resume of {self._where()}"
 
-    def _poll(self) -> _Poll:
-        snapshot = self._shared_snapshot()
-        if snapshot is not None and snapshot.resume_idle(self.stage_id, self.epoch):
-            assert snapshot.stop is not None
-            self._report_suspended(snapshot.stop)
-            return _Poll()
-        return self._poll_coordinator()
+    def _idle(self, snapshot: PipelineSnapshot) -> bool:
+        if not snapshot.resume_idle(self.stage_id, self.epoch):
+            return False
+        assert snapshot.stop is not None
+        self._report_suspended(snapshot.stop)
+        return True
 
     def _poll_coordinator(self) -> _Poll:
         coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
@@ -459,27 +473,14 @@ class StageClosedTrigger(_StagePollingTrigger):
     :param deadline: absolute end (epoch seconds) of the wait; set from ``timeout`` when None.
     """
 
-    def __init__(
-        self,
-        pipeline_key: str,
-        stage_id: str,
-        store_url: str,
-        poll_interval: float = 1.0,
-        timeout: float | None = None,
-        *,
-        deadline: float | None = None,
-    ) -> None:
-        super().__init__(pipeline_key, stage_id, store_url, poll_interval, timeout, deadline)
-
     def _what(self) -> str:
         return f"{self._where()} to close (its final checkpoint committed)"
 
-    def _poll(self) -> _Poll:
-        snapshot = self._shared_snapshot()
-        if snapshot is not None and snapshot.closed_idle(self.stage_id):
-            self._report(f"is {snapshot.stages[self.stage_id].lifecycle.value}")
-            return _Poll()
-        return self._poll_coordinator()
+    def _idle(self, snapshot: PipelineSnapshot) -> bool:
+        if not snapshot.closed_idle(self.stage_id):
+            return False
+        self._report(f"is {snapshot.stages[self.stage_id].lifecycle.value}")
+        return True
 
     def _poll_coordinator(self) -> _Poll:
         coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
