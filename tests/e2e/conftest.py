@@ -10,7 +10,7 @@ Calls with the same arguments share one running cluster; a call with different a
 the previous cluster first (one cluster at a time: they are heavy on 2 cores). Every cluster is
 stopped at the end of the session; when a test using it failed, its logs are printed and its
 AIRFLOW_HOME is kept. Without PostgreSQL the tests skip, unless FINALCKPT_REQUIRE_POSTGRES=1.
-Every test under tests/e2e is marked ``slow``.
+Every test under tests/e2e is marked ``slow`` and gets a 1500 s hang guard (pytest-timeout).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ E2E_DIR = Path(__file__).parent
 SMOKE_DAGS = E2E_DIR / "dags"
 
 _LIVE: list[AirflowCluster] = []
+E2E_TIMEOUT_S = 1500
 
 
 def _stop_live() -> None:
@@ -45,6 +46,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if E2E_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.slow)
+            if item.get_closest_marker("timeout") is None:
+                # A hang guard, not a timing assertion: a stop/resume test runs a whole pipeline
+                # several times and takes 4-7 min next to the rest of the suite on 2 cores.
+                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
 
 @pytest.hookimpl(hookwrapper=True)
