@@ -30,9 +30,6 @@ from airflow_finalckpt.plugins.api.control import http_error as control_http_err
 from airflow_finalckpt.plugins.api.routes import build_router
 from airflow_finalckpt.plugins.api.ui import base_of, build_ui_router
 
-URL_PREFIX = "/finalckpt"
-APP_NAME = "airflow-finalckpt"
-
 DESCRIPTION = """\
 Stop a running pipeline **with drain** (finish everything, fire every event-time window,
 commit, end the DAG run) or **with a savepoint** (suspend at the next split-batch boundary,

@@ -27,6 +27,7 @@ Checks run before any state is read or changed: a 401/403 changes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
@@ -36,6 +37,8 @@ from fastapi import HTTPException, Request, status
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.base_auth_manager import ResourceMethod
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+
+    from airflow_finalckpt.control import PipelineRunSummary
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +182,22 @@ _VERBS: dict[str, str] = {
     "PUT": "edit the runs of",
     "POST": "create runs of",
 }
+
+
+def readable_runs(
+    principal: Principal, runs: Iterable[PipelineRunSummary]
+) -> list[PipelineRunSummary]:
+    """The runs whose every DAG the user may read (one check per DAG); a pipeline run with no
+    DAG run recorded belongs to nobody's DAG and is hidden. The JSON list and the runs page
+    both filter through here, so they cannot show different runs."""
+    allowed: dict[str, bool] = {}
+
+    def may_read(dag_id: str) -> bool:
+        if dag_id not in allowed:
+            allowed[dag_id] = is_allowed(principal, dag_id, "GET")
+        return allowed[dag_id]
+
+    return [r for r in runs if r.dag_runs and all(may_read(d) for d, _ in r.dag_runs)]
 
 
 def authorize_dag(principal: Principal, dag_id: str, *methods: ResourceMethod) -> None:

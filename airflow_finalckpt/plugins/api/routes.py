@@ -20,7 +20,7 @@ from airflow_finalckpt.plugins.api.auth import (
     authenticate,
     authorize_dag,
     check_csrf,
-    is_allowed,
+    readable_runs,
 )
 
 TAG_RUNS = "Pipeline runs"
@@ -127,17 +127,7 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         """Pipeline runs, newest first, of the DAGs whose runs the user may read."""
         if dag_id is not None:
             authorize_dag(principal, dag_id, "GET")
-        runs = control.runs(dag_id, limit=limit)
-        readable: dict[str, bool] = {}
-
-        def may_read(run: PipelineRunSummary) -> bool:
-            dags = {d for d, _ in run.dag_runs}
-            for d in dags:
-                if d not in readable:
-                    readable[d] = is_allowed(principal, d, "GET")
-            return bool(dags) and all(readable[d] for d in dags)
-
-        visible = [r for r in runs if may_read(r)]
+        visible = readable_runs(principal, control.runs(dag_id, limit=limit))
         return PipelineRunList(runs=visible, total_entries=len(visible))
 
     @router.get(

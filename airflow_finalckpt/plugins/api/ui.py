@@ -4,6 +4,7 @@ page's static files. Read-only: the page's buttons POST to the REST routes."""
 from collections.abc import Callable
 from importlib import resources
 from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, Response
@@ -15,7 +16,7 @@ from airflow_finalckpt.plugins.api.auth import (
     Principal,
     authenticate,
     authorize_dag,
-    is_allowed,
+    readable_runs,
 )
 
 TAG_UI = "UI pages"
@@ -36,18 +37,12 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     def runs_html(
         principal: Principal, control: PipelineControl, dag_id: str | None, base: str
     ) -> str:
+        """The runs page's live part: the page embeds it and the fragment route returns it
+        every refresh, so both are built here."""
         if dag_id is not None:
             authorize_dag(principal, dag_id, "GET")
-        runs = control.runs(dag_id)
-        cache: dict[str, bool] = {}
-
-        def readable(d: str) -> bool:
-            if d not in cache:
-                cache[d] = is_allowed(principal, d, "GET")
-            return cache[d]
-
-        visible = [r for r in runs if r.dag_runs and all(readable(d) for d, _ in r.dag_runs)]
-        return render.runs_live(visible, base)
+        body = render.runs_live(readable_runs(principal, control.runs(dag_id)), base)
+        return "<h1>Pipeline runs</h1>" + f'<div id="runs">{body}</div>'
 
     @router.get("/ui/runs", response_class=HTMLResponse, summary="Page: all pipeline runs")
     def runs_page(
@@ -57,12 +52,11 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         dag_id: Annotated[str | None, Query()] = None,
     ) -> HTMLResponse:
         base = base_of(request)
-        live = f"{base}/ui/runs/live" + (f"?dag_id={dag_id}" if dag_id else "")
-        body = runs_html(principal, control, dag_id, base)
+        live = f"{base}/ui/runs/live" + (f"?{urlencode({'dag_id': dag_id})}" if dag_id else "")
         content = render.page(
             "Pipeline runs",
             base,
-            "<h1>Pipeline runs</h1>" + f'<div id="runs">{body}</div>',
+            runs_html(principal, control, dag_id, base),
             live_url=live,
             page_kind="runs",
         )
@@ -75,9 +69,8 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         control: Control,
         dag_id: Annotated[str | None, Query()] = None,
     ) -> HTMLResponse:
-        body = runs_html(principal, control, dag_id, base_of(request))
         return HTMLResponse(
-            "<h1>Pipeline runs</h1>" + f'<div id="runs">{body}</div>', headers=NO_STORE
+            runs_html(principal, control, dag_id, base_of(request)), headers=NO_STORE
         )
 
     def pipeline_html(
