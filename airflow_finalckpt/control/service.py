@@ -324,7 +324,7 @@ class PipelineControl:
         is already stopping, is suspended or was drained."""
         coordinator = self.coordinator(self.resolve(dag_id, run_id))
         stop = coordinator.request_stop(StopMode(mode), requested_by=requested_by)
-        summary = self._stop_summary(coordinator, coordinator.stop_request() or stop)
+        summary = self._stop_summary(coordinator, stop)
         assert summary is not None
         return summary
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Connection, Engine, RowMapping, and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -43,6 +43,7 @@ from airflow_finalckpt.core.errors import (
     UnknownStageError,
 )
 from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.metadata.writer import CheckpointWriter
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointRecord,
@@ -65,26 +66,6 @@ from airflow_finalckpt.core.restore import RestorePlan, StageAction, StageRestor
 from airflow_finalckpt.store import schema as t
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointWriter(Protocol):
-    """Where completed checkpoints' ``_metadata`` goes (checkpoint storage implements it).
-
-    ``replace_orphan=True`` is always passed: the id being completed was never completed, so a
-    directory of it is a leftover of a failed or rolled-back completion. The coordinator calls
-    ``checkpoint_dir_ids`` and ``discard_checkpoint_dir`` only if the writer has them (to finish
-    interrupted discards and remove leftovers of aborted checkpoints).
-    """
-
-    def write_checkpoint(
-        self, record: CheckpointRecord, *, replace_orphan: bool = False
-    ) -> tuple[str, int]: ...
-
-    def discard_checkpoint(self, metadata_path: str) -> None: ...
-
-    def discard_checkpoint_dir(self, pipeline_key: str, checkpoint_id: int) -> None: ...
-
-    def checkpoint_dir_ids(self, pipeline_key: str) -> list[int]: ...
 
 
 class AckOutcome(StrEnum):
@@ -299,6 +280,8 @@ class Coordinator:
     ) -> None:
         self.engine = engine
         self.pipeline_key = pipeline_key
+        # checkpoint storage; ``discard_checkpoint_dir`` / ``checkpoint_dir_ids`` are used only if
+        # the writer has them (finishing interrupted discards, removing aborted leftovers)
         self.writer = writer
         self.clock = clock
         #: The parsed graph shape of the last fingerprint seen (the graph JSON is only read
@@ -459,12 +442,7 @@ class Coordinator:
 
     def graph(self) -> StageGraph:
         with self._read() as conn:
-            data = conn.execute(
-                select(t.pipelines.c.graph).where(t.pipelines.c.pipeline_key == self.pipeline_key)
-            ).scalar()
-        if data is None:
-            raise UnknownPipelineError(f"pipeline {self.pipeline_key!r} is not registered")
-        return StageGraph.from_dict(data)
+            return StageGraph.from_dict(self._graph_data(conn))
 
     # ------------------------------------------------------------------ stage attempts
 
@@ -1014,10 +992,7 @@ class Coordinator:
         stop = self._latest_stop(tx.conn)
         if suspends(stop):
             return None  # the stage waits for that exact savepoint
-        draining = (
-            stop is not None and stop.mode is StopMode.DRAIN and stop.state is StopState.REQUESTED
-        )
-        if draining and stop is not None:
+        if stop is not None and draining(stop):
             rows = self._stage_rows(tx.conn).values()
             if all(StageLifecycle(r["lifecycle"]).is_finished for r in rows):
                 return self._trigger_after_stop_row(
@@ -1435,12 +1410,9 @@ class Coordinator:
             assert inserted is not None
             request_id = int(inserted[0])
             if mode is StopMode.SAVEPOINT:
-                cid = self._trigger_after_stop_row(tx, request_id, CheckpointKind.SAVEPOINT)
+                self._trigger_after_stop_row(tx, request_id, CheckpointKind.SAVEPOINT)
             elif all(StageLifecycle(r["lifecycle"]).is_finished for r in rows.values()):
-                cid = self._trigger_after_stop_row(tx, request_id, CheckpointKind.DRAINED_SAVEPOINT)
-            else:
-                cid = None
-            del cid
+                self._trigger_after_stop_row(tx, request_id, CheckpointKind.DRAINED_SAVEPOINT)
             stop = self._latest_stop(tx.conn)
             assert stop is not None
             return stop

@@ -483,10 +483,7 @@ class FinalCheckpointStageOperator(BaseOperator):
 
     def _already_finished(self, coordinator: Coordinator) -> bool:
         """A finished or closed stage submits no Spark job: the in-process path skips it."""
-        from airflow_finalckpt.core.model import StageLifecycle
-
-        lifecycle = coordinator.stage(self.stage_id).lifecycle
-        return lifecycle in (StageLifecycle.FINISHED, StageLifecycle.CLOSED)
+        return coordinator.stage(self.stage_id).lifecycle.is_finished
 
     def _run_submitted(
         self,

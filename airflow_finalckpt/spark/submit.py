@@ -96,13 +96,12 @@ def code_reference(fn: Callable[..., Any] | None) -> str | None:
     qualname = getattr(fn, "__qualname__", None)
     if not module or not qualname or "<" in qualname or not importable_elsewhere(module):
         return None
+    ref = f"{module}:{qualname}"
     try:
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj = resolve_reference(ref)
     except Exception:
         return None
-    return f"{module}:{qualname}" if obj is fn else None
+    return ref if obj is fn else None
 
 
 def resolve_reference(ref: str) -> Any:
