@@ -12,11 +12,11 @@ from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
 
 from airflow_finalckpt.config import mask_url, resolve_setting
 from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.store.engine import first_line
 
 EXIT_FAILURE = 1
 EXIT_BEHIND = 1
 EXIT_ERROR = 2
-PG_CONNECT_TIMEOUT_S = 10
 
 store_url_option = click.option(
     "--store-url",
@@ -32,11 +32,6 @@ def _fail(message: str, exit_code: int) -> NoReturn:
     raise click.exceptions.Exit(exit_code)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0].strip() if lines else type(exc).__name__
-
-
 @contextmanager
 def _user_errors(url: str | None, exit_code: int) -> Iterator[None]:
     """Turn the errors a user can cause into one line on stderr and ``exit_code``."""
@@ -47,10 +42,10 @@ def _user_errors(url: str | None, exit_code: int) -> Iterator[None]:
     except DBAPIError as exc:
         where = f"coordination database {mask_url(url)}" if url else "coordination database"
         problem = "cannot reach" if isinstance(exc, OperationalError) else "error in"
-        _fail(f"{problem} {where}: {_first_line(exc.orig or exc)}", exit_code)
+        _fail(f"{problem} {where}: {first_line(exc)}", exit_code)
     except (ModuleNotFoundError, NoSuchModuleError) as exc:
         _fail(
-            f"database driver missing ({_first_line(exc)}); for PostgreSQL install "
+            f"database driver missing ({first_line(exc)}); for PostgreSQL install "
             "'airflow-finalckpt[postgres]'",
             exit_code,
         )
@@ -63,8 +58,6 @@ def _resolve_store_url(store_url: str | None) -> tuple[str, str]:
 
 def _engine(url: str) -> Engine:
     """An engine that gives up on an unreachable PostgreSQL instead of hanging."""
-    from airflow_finalckpt.store.engine import make_engine
+    from airflow_finalckpt.store.engine import engine_kwargs, make_engine
 
-    if url.startswith("postgresql") and "connect_timeout" not in url:
-        return make_engine(url, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
-    return make_engine(url)
+    return make_engine(url, **engine_kwargs(url))

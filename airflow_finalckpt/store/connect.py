@@ -19,15 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from airflow_finalckpt.config import mask_url
 from airflow_finalckpt.core.errors import ConfigurationError
-from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.engine import engine_kwargs, first_line, make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
 
 log = logging.getLogger(__name__)
@@ -38,9 +36,6 @@ DEFAULT_CONNECT_RETRIES = 5
 DEFAULT_CONNECT_BACKOFF_S = 1.0
 #: No single wait is longer than this.
 MAX_BACKOFF_S = 30.0
-#: libpq's connect timeout when the URL sets none: a black-holed host fails an attempt after
-#: this long instead of the operating system's TCP timeout (minutes).
-PG_CONNECT_TIMEOUT_S = 10
 
 #: ``on_retry(attempt, error, delay_s)``: called after failed attempt ``attempt`` (1-based),
 #: before waiting ``delay_s`` for the next one.
@@ -70,19 +65,6 @@ def backoff_delays(
     return [min(backoff_s * 2**n, max_backoff_s) for n in range(retries)]
 
 
-def _first_line(exc: BaseException) -> str:
-    cause = getattr(exc, "orig", None) or exc
-    lines = str(cause).strip().splitlines()
-    return lines[0].strip() if lines else type(cause).__name__
-
-
-def _engine_kwargs(url: str) -> dict[str, Any]:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        return {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}}
-    return {}
-
-
 def open_store(
     url: str,
     *,
@@ -109,7 +91,7 @@ def open_store(
     start = time.monotonic()
     last: BaseException | None = None
     for attempt in range(1, attempts + 1):
-        engine = make_engine(url, **_engine_kwargs(url))
+        engine = make_engine(url, **engine_kwargs(url))
         try:
             ensure_schema(engine)
             if attempt > 1:
@@ -128,7 +110,7 @@ def open_store(
             masked,
             attempt,
             attempts,
-            _first_line(last),
+            first_line(last),
             delay,
         )
         if on_retry is not None:
@@ -140,7 +122,7 @@ def open_store(
         f"cannot reach the coordination store {masked}: {attempts} "
         f"attempt{'s' if attempts != 1 else ''} failed in {elapsed:.1f} s "
         f"(store_connect_retries={retries}, store_connect_backoff_s={backoff_s:g}); last "
-        f"error: {_first_line(last)}. Nothing was created; check that the database runs and "
+        f"error: {first_line(last)}. Nothing was created; check that the database runs and "
         "that the finalckpt store_url (or the finalckpt_default connection) points to it",
         url=masked,
         attempts=attempts,

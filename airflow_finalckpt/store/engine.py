@@ -15,6 +15,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool, StaticPool
 
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+#: libpq's connect timeout when the URL sets none: a black-holed host fails an attempt after
+#: this long instead of the operating system's TCP timeout (minutes).
+PG_CONNECT_TIMEOUT_S = 10
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -56,3 +59,18 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def is_postgres(engine: Engine) -> bool:
     return engine.dialect.name == "postgresql"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a (database) error, for one-line messages."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return lines[0].strip() if lines else type(cause).__name__
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """``make_engine`` options: a PostgreSQL connect timeout unless the URL sets one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        return {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}}
+    return {}
