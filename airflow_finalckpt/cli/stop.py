@@ -22,7 +22,7 @@ from airflow_finalckpt.cli._shared import (
     _user_errors,
     store_url_option,
 )
-from airflow_finalckpt.control import PipelineControl, StopSummary
+from airflow_finalckpt.control import PipelineControl, StopSummary, check_stages
 from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.model import StopMode, StopState
 
@@ -142,7 +142,7 @@ def restore(
         record = control.check_restore(dag_id, savepoint_path)
         task_ids = _dag_task_ids(dag_id)
         if task_ids is not None:
-            control.check_restore(dag_id, savepoint_path, stage_ids=task_ids)
+            check_stages(record, savepoint_path, dag_id, task_ids)  # the savepoint is read once
     click.echo(
         f"savepoint {record.checkpoint_id} of pipeline {record.pipeline_key!r} "
         f"({record.kind.value}, {len(record.stages)} stages) can be restored into {dag_id}"

@@ -12,6 +12,7 @@ from airflow_finalckpt.control.service import (
     PipelineRunSummary,
     StageSummary,
     StopSummary,
+    check_stages,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "PipelineRunSummary",
     "StageSummary",
     "StopSummary",
+    "check_stages",
 ]

@@ -114,6 +114,17 @@ class PipelineDetail(_Model):
     checkpoints: list[CheckpointSummary]
 
 
+def check_stages(
+    record: CheckpointRecord, savepoint_path: str, dag_id: str, stage_ids: Collection[str]
+) -> None:
+    """ForeignCheckpointError if none of the savepoint's stages is a stage of the DAG."""
+    if not set(record.stages) & set(stage_ids):
+        raise ForeignCheckpointError(
+            f"{savepoint_path} belongs to another pipeline: none of its stages "
+            f"{sorted(record.stages)} is a stage of DAG {dag_id!r} ({sorted(stage_ids)})"
+        )
+
+
 def run_state(stages: Collection[StageView], stop: StopRequest | None) -> PipelineRunState:
     """The run's state: a stop in progress or done wins, then the stages' lifecycles.
 
@@ -396,9 +407,6 @@ class PipelineControl:
                 f"{savepoint_path} belongs to pipeline {record.pipeline_key!r} of DAG "
                 f"{', '.join(sorted(owners))}, not of DAG {dag_id!r}"
             )
-        if stage_ids is not None and not set(record.stages) & set(stage_ids):
-            raise ForeignCheckpointError(
-                f"{savepoint_path} belongs to another pipeline: none of its stages "
-                f"{sorted(record.stages)} is a stage of DAG {dag_id!r} ({sorted(stage_ids)})"
-            )
+        if stage_ids is not None:
+            check_stages(record, savepoint_path, dag_id, stage_ids)
         return record
