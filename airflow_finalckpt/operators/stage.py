@@ -467,20 +467,6 @@ class FinalCheckpointStageOperator(BaseOperator):
             self._resolved_target = target
         return target
 
-    def _master_from_connection(self) -> str:
-        """The master of the ``spark_conn_id`` connection (parsed by the Spark provider's
-        hooks: ``sc://`` for a ``spark_connect`` connection), or ``local[*]`` when that
-        connection does not exist."""
-        from airflow_finalckpt.spark.launch import DEFAULT_MASTER, connection_info, mask_master
-
-        info = connection_info(self.spark_conn_id)
-        if info is None:
-            return DEFAULT_MASTER
-        self.log.info(
-            "Spark master %s from connection %s", mask_master(info.master), self.spark_conn_id
-        )
-        return info.master
-
     def _already_finished(self, coordinator: Coordinator) -> bool:
         """A finished or closed stage submits no Spark job: the in-process path skips it."""
         return coordinator.stage(self.stage_id).lifecycle.is_finished

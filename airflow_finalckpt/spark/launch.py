@@ -35,12 +35,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from airflow_finalckpt import config
+from airflow_finalckpt.config import env_var_name
 from airflow_finalckpt.core.errors import ConfigurationError
 
 #: Connection extra naming the execution mode.
 EXECUTION_EXTRA = "finalckpt-execution"
 #: Env variable (``[finalckpt] spark_execution``) naming the default execution mode.
-EXECUTION_ENV = "AIRFLOW__FINALCKPT__SPARK_EXECUTION"
+EXECUTION_ENV = env_var_name("spark_execution")
 DEFAULT_MASTER = "local[*]"
 
 STANDALONE_PYTHON_CLUSTER_MODE = (
@@ -99,18 +101,9 @@ def _parse_mode(value: Any, where: str) -> ExecutionMode:
 
 
 def _configured_mode() -> str | None:
+    """``[finalckpt] spark_execution``: its env variable, else airflow.cfg."""
     value = os.environ.get(EXECUTION_ENV, "").strip()
-    if value:
-        return value
-    try:
-        from airflow.configuration import conf
-
-        configured = conf.get("finalckpt", "spark_execution", fallback=None)
-    except Exception:  # Airflow not importable, or no such section
-        return None
-    if not configured:
-        return None
-    return str(configured).strip() or None
+    return value or (config._read_airflow_cfg("spark_execution") or "").strip() or None
 
 
 @dataclass(frozen=True)

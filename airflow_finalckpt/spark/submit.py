@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_finalckpt.config import env_var_name
 from airflow_finalckpt.core.errors import ConfigurationError, FinalCheckpointError
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.runtime.runner import RunResult, RunStatus
@@ -50,9 +51,9 @@ DRIVERS_DIR = "drivers"
 HEARTBEAT_INTERVAL_S = 5.0
 #: A heartbeat older than this means the driver is gone.
 HEARTBEAT_STALE_S = 30.0
-STORE_URL_ENV = "AIRFLOW__FINALCKPT__STORE_URL"
-STORAGE_URI_ENV = "AIRFLOW__FINALCKPT__STORAGE_URI"
-STORAGE_OPTIONS_ENV = "AIRFLOW__FINALCKPT__STORAGE_OPTIONS"
+STORE_URL_ENV = env_var_name("store_url")
+STORAGE_URI_ENV = env_var_name("storage_uri")
+STORAGE_OPTIONS_ENV = env_var_name("storage_options")
 
 
 class DriverError(FinalCheckpointError):

@@ -99,7 +99,6 @@ def test_spark_connect_from_connection_and_master(no_spark_env: pytest.MonkeyPat
     target = _op()._spark_target()
     assert target.mode is ExecutionMode.CONNECT
     assert target.master.startswith("sc://connect.svc:15002")
-    assert _op()._master_from_connection().startswith("sc://connect.svc:15002")
     target = _op(spark_master="sc://127.0.0.1:15002")._spark_target()
     assert (target.mode, target.master) == (ExecutionMode.CONNECT, "sc://127.0.0.1:15002")
 

@@ -19,9 +19,9 @@ def _op(**kwargs: Any) -> FinalCheckpointStageOperator:
 
 def test_master_from_spark_default_connection(airflow_home: Any, monkeypatch: Any) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
-    assert _op()._master_from_connection() == "local[*]"
+    assert _op()._spark_target().master == "local[*]"
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", "spark://127.0.0.1:7077")
-    assert _op()._master_from_connection() == "spark://127.0.0.1:7077"
+    assert _op()._spark_target().master == "spark://127.0.0.1:7077"
 
 
 def test_default_pipeline_key_is_path_safe() -> None:
