@@ -29,7 +29,7 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Engine, RowMapping, and_, func, select, update
+from sqlalchemy import Connection, Engine, RowMapping, Select, and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from airflow_finalckpt.core.errors import (
@@ -721,18 +721,17 @@ class Coordinator:
         with self._transition() as tx:
             return self._expire(tx)
 
+    def _timed_out(self, timeout_s: float) -> Select[Any]:
+        """Ids of this pipeline's PENDING checkpoints triggered more than ``timeout_s`` ago."""
+        return select(t.checkpoints.c.checkpoint_id).where(
+            t.checkpoints.c.pipeline_key == self.pipeline_key,
+            t.checkpoints.c.state == CheckpointState.PENDING.value,
+            t.checkpoints.c.triggered_at < self.clock() - timeout_s,
+        )
+
     def _expire(self, tx: _Tx) -> list[int]:
-        deadline = self.clock() - float(tx.pipeline["checkpoint_timeout_s"])
-        expired = [
-            int(cid)
-            for cid in tx.conn.execute(
-                select(t.checkpoints.c.checkpoint_id).where(
-                    t.checkpoints.c.pipeline_key == self.pipeline_key,
-                    t.checkpoints.c.state == CheckpointState.PENDING.value,
-                    t.checkpoints.c.triggered_at < deadline,
-                )
-            ).scalars()
-        ]
+        timeout_s = float(tx.pipeline["checkpoint_timeout_s"])
+        expired = [int(cid) for cid in tx.conn.execute(self._timed_out(timeout_s)).scalars()]
         for cid in expired:
             self._abort(tx, cid, f"timed out after {tx.pipeline['checkpoint_timeout_s']:.0f} s")
         return expired
@@ -1064,16 +1063,8 @@ class Coordinator:
         checkpoint to time out, or a FINISHED stage without a checkpoint in flight or completed
         that can close it (and no stop with savepoint it must wait for)?"""
         if expire:
-            timeout = self._checkpoint_timeout(conn)
-            expired = conn.execute(
-                select(t.checkpoints.c.checkpoint_id)
-                .where(
-                    t.checkpoints.c.pipeline_key == self.pipeline_key,
-                    t.checkpoints.c.state == CheckpointState.PENDING.value,
-                    t.checkpoints.c.triggered_at < self.clock() - float(timeout),
-                )
-                .limit(1)
-            ).first()
+            timeout_s = float(self._checkpoint_timeout(conn))
+            expired = conn.execute(self._timed_out(timeout_s).limit(1)).first()
             if expired is not None:
                 return True
         row = (

@@ -197,7 +197,8 @@ class StageRunner:
                 skipped_splits=len(view.progress.finished_splits),
                 savepoint_id=stop.savepoint_id if stop else None,
             )
-        source = not self.coordinator.graph().upstream(stage_id)
+        upstream = self.coordinator.graph().upstream(stage_id)
+        source = not upstream
         self._abort_orphaned_transactions()
         progress = view.progress
         pending = remaining_splits(self.spec.splits, progress.finished_splits)
@@ -268,7 +269,7 @@ class StageRunner:
             # All splits done but not finished: a savepoint stop keeps the stage unfinished
             # (no end of input, no window fires); it finishes right after the resume.
             return self._suspend(tracker)
-        drain = drain or draining(stop) or self._upstream_drained()
+        drain = drain or draining(stop) or self._upstream_drained(upstream)
         return self._finish(tracker, outputs, state, drain=drain, unread=unread)
 
     def _batch_boundary(self) -> StopRequest | None:
@@ -286,12 +287,13 @@ class StageRunner:
             )
             raise
 
-    def _upstream_drained(self) -> bool:
+    def _upstream_drained(self, upstream: Sequence[str]) -> bool:
         """end_of_data with drain=true flows downstream: a stage fed by a drained stage is
         drained too (its output is complete for what was read, not for all the input)."""
-        graph = self.coordinator.graph()
+        if not upstream:
+            return False  # a source: nothing flows into it
         views = self.coordinator.stages()
-        for up in graph.upstream(self.spec.stage_id):
+        for up in upstream:
             final = views[up].final_snapshot
             if final is not None and final.end_of_data is not None and final.end_of_data.drain:
                 return True
