@@ -528,12 +528,29 @@ class AttemptRunner(Protocol):
 
 def verify_setup(env: Environment, plan: RunPlan, setup: RunSetup) -> Verdict:
     """Verify a run's sinks, coordinator and storage against its expected result."""
-    from airflow_finalckpt.core.coordinator import Coordinator
     from airflow_finalckpt.examples.nycflights13.reference import (
         APPROXIMATE_COLUMNS,
         WINDOW_KEY,
     )
     from airflow_finalckpt.faults.fake import KEY_COLUMNS
+
+    spark = plan.kind == SPARK
+    return verify_against(
+        setup,
+        env.expected(plan),
+        WINDOW_KEY if spark else KEY_COLUMNS,
+        approximate=APPROXIMATE_COLUMNS if spark else (),
+    )
+
+
+def verify_against(
+    setup: RunSetup,
+    expected: pandas.DataFrame,
+    key_columns: Sequence[str],
+    approximate: Sequence[str] = (),
+) -> Verdict:
+    """verify_run on the run's store, checkpoint storage and sinks against ``expected``."""
+    from airflow_finalckpt.core.coordinator import Coordinator
     from airflow_finalckpt.faults.verify import verify_run
     from airflow_finalckpt.faults.worker import dispose_sinks, make_sinks
     from airflow_finalckpt.storage import CheckpointStorage
@@ -541,15 +558,14 @@ def verify_setup(env: Environment, plan: RunPlan, setup: RunSetup) -> Verdict:
 
     engine = make_engine(setup.store_url)
     sinks = make_sinks(setup)
-    spark = plan.kind == SPARK
     try:
         return verify_run(
             Coordinator(engine, setup.pipeline_key),
             CheckpointStorage(setup.storage_root),
             sinks,
-            env.expected(plan),
-            WINDOW_KEY if spark else KEY_COLUMNS,
-            approximate=APPROXIMATE_COLUMNS if spark else (),
+            expected,
+            key_columns,
+            approximate=approximate,
             sink_roots=[setup.parquet_dir],
         )
     finally:

@@ -339,30 +339,13 @@ def verify(setup: RunSetup, splits: int | None, plan: RunPlan) -> Verdict:
     """verify_run against the reference of the whole input, or of its first ``splits``."""
     import pandas as pd
 
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.faults.campaign import verify_against
     from airflow_finalckpt.faults.fake import KEY_COLUMNS, reference_windows
-    from airflow_finalckpt.faults.verify import verify_run
-    from airflow_finalckpt.faults.worker import dispose_sinks, make_sinks
-    from airflow_finalckpt.storage import CheckpointStorage
-    from airflow_finalckpt.store.engine import make_engine
 
     data = FakeData(**(plan.fake or {}))
     if splits is not None:
         data = dataclasses.replace(data, splits=splits)
-    engine = make_engine(setup.store_url)
-    sinks = make_sinks(setup)
-    try:
-        return verify_run(
-            Coordinator(engine, setup.pipeline_key),
-            CheckpointStorage(setup.storage_root),
-            sinks,
-            pd.DataFrame(reference_windows(data)),
-            KEY_COLUMNS,
-            sink_roots=[setup.parquet_dir],
-        )
-    finally:
-        dispose_sinks(sinks)
-        engine.dispose()
+    return verify_against(setup, pd.DataFrame(reference_windows(data)), KEY_COLUMNS)
 
 
 def check_interrupted(setup: RunSetup, plan: RunPlan) -> list[str]:
