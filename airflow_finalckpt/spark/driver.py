@@ -25,7 +25,8 @@ from typing import Any
 log = logging.getLogger("airflow_finalckpt.driver")
 
 
-def _storage_from_env(job_uri: str) -> Any:
+def _storage_from_env() -> Any:
+    """The checkpoint storage the Airflow task handed over in the environment."""
     from airflow_finalckpt.config import parse_storage_options
     from airflow_finalckpt.spark.submit import STORAGE_OPTIONS_ENV, STORAGE_URI_ENV
     from airflow_finalckpt.storage import CheckpointStorage
@@ -37,7 +38,7 @@ def _storage_from_env(job_uri: str) -> Any:
             "spark.yarn.appMasterEnv / spark.kubernetes.driverEnv carry it (cluster mode)"
         )
     options = parse_storage_options(os.environ.get(STORAGE_OPTIONS_ENV, ""))
-    return CheckpointStorage(root, options), options
+    return CheckpointStorage(root, options)
 
 
 class Heartbeat(threading.Thread):
@@ -87,7 +88,7 @@ def run_job(job_uri: str) -> int:
     from airflow_finalckpt.store.engine import make_engine
     from airflow_finalckpt.store.migrate import ensure_schema
 
-    storage, _options = _storage_from_env(job_uri)
+    storage = _storage_from_env()
     fs = storage.fs
     job = DriverJob.from_json(bytes(fs.cat_file(job_uri)))
     files = Files(storage, job.pipeline_key, job.stage_id)
