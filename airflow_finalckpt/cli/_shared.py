@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -49,6 +52,24 @@ def _user_errors(url: str | None, exit_code: int) -> Iterator[None]:
             "'airflow-finalckpt[postgres]'",
             exit_code,
         )
+
+
+def logs_to_stderr() -> None:
+    """Send every log line to stderr: stdout is the commands' output (``--json`` must parse).
+
+    Importing Airflow configures logging with a console handler on stdout, so Airflow is
+    imported first (if installed; every command reads its configuration anyway), then each
+    stdout handler of the root logger is pointed at stderr.
+    """
+    # no Airflow here, or a broken airflow.cfg: the command itself reports that
+    with contextlib.suppress(Exception):
+        import airflow.configuration  # noqa: F401  (configures Airflow's logging)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (
+            sys.stdout,
+            sys.__stdout__,
+        ):
+            handler.setStream(sys.stderr)
 
 
 def _resolve_store_url(store_url: str | None) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from airflow_finalckpt.cli._shared import (
     _fail,
     _resolve_store_url,
     _user_errors,
+    logs_to_stderr,
     store_url_option,
 )
 from airflow_finalckpt.cli.checkpoints import checkpoints
@@ -31,6 +32,7 @@ from airflow_finalckpt.config import mask_url
 @click.version_option(package_name="airflow-finalckpt")
 def main() -> None:
     """airflow-finalckpt: FLIP-147 final checkpoints for PySpark pipelines on Airflow."""
+    logs_to_stderr()
 
 
 @main.group()

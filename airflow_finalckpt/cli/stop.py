@@ -26,6 +26,14 @@ from airflow_finalckpt.control import PipelineControl, StopSummary, check_stages
 from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.model import StopMode, StopState
 
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
+)
+
+
+def _echo_json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2))
+
 
 @contextmanager
 def _control(store_url: str | None) -> Iterator[PipelineControl]:
@@ -83,9 +91,16 @@ def _describe_stop(stop: StopSummary) -> str:
 )
 @click.option("--wait/--no-wait", default=False, help="Wait until the savepoint completed.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
+@json_option
 @store_url_option
 def stop(
-    dag_id: str, run_id: str, mode: str | None, wait: bool, timeout_s: float, store_url: str | None
+    dag_id: str,
+    run_id: str,
+    mode: str | None,
+    wait: bool,
+    timeout_s: float,
+    as_json: bool,
+    store_url: str | None,
 ) -> None:
     """Stop a running pipeline DAG run with drain or with a savepoint.
 
@@ -96,10 +111,14 @@ def stop(
         _fail("choose how to stop: --drain or --savepoint", EXIT_ERROR)
     with _control(store_url) as control:
         summary = control.stop(dag_id, run_id, StopMode(mode), requested_by=_user())
-        click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
+        if not as_json:
+            click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
         if wait and summary.state is StopState.REQUESTED:
             summary = control.wait_for_stop(dag_id, run_id, timeout_s=timeout_s)
-            click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
+            if not as_json:
+                click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
+        if as_json:
+            _echo_json(summary.model_dump(mode="json"))
         if summary.state is StopState.FAILED:
             _fail(f"the stop failed, the run keeps running: {summary.failure_reason}", EXIT_ERROR)
 
@@ -107,15 +126,19 @@ def stop(
 @click.command("resume")
 @click.argument("dag_id")
 @click.argument("run_id")
+@json_option
 @store_url_option
-def resume(dag_id: str, run_id: str, store_url: str | None) -> None:
+def resume(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> None:
     """Resume a DAG run suspended by a stop with savepoint (it continues in the same DAG run).
 
     A drained run cannot be resumed (its event-time windows already fired).
     """
     with _control(store_url) as control:
         summary = control.resume(dag_id, run_id, requested_by=_user())
-    click.echo(f"{dag_id} {run_id}: resumed ({_describe_stop(summary)})")
+    if as_json:
+        _echo_json(summary.model_dump(mode="json"))
+    else:
+        click.echo(f"{dag_id} {run_id}: resumed ({_describe_stop(summary)})")
 
 
 @click.command("restore")
@@ -181,14 +204,14 @@ def _dag_task_ids(dag_id: str) -> set[str] | None:
 @click.command("status")
 @click.argument("dag_id")
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @store_url_option
 def status(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> None:
     """Show a pipeline DAG run: its state, stop request and stages."""
     with _control(store_url) as control:
         detail = control.describe(dag_id, run_id, checkpoints=10)
     if as_json:
-        click.echo(json.dumps(detail.model_dump(mode="json"), indent=2))
+        _echo_json(detail.model_dump(mode="json"))
         return
     summary = detail.summary
     click.echo(f"pipeline {summary.pipeline_key}: {summary.state.value}")

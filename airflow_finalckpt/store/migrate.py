@@ -14,11 +14,20 @@ runs inside it (it sees an external transaction and does not begin/commit on its
   plain SQLite engine (not from ``make_engine``) we issue ``BEGIN IMMEDIATE`` ourselves.
 * PostgreSQL: ``pg_advisory_xact_lock`` at the start of the transaction serializes upgraders; it
   is released by the commit. PostgreSQL DDL is transactional too.
+
+Logging: Alembic says "Context impl PostgresqlImpl" / "Will assume transactional DDL" at INFO on
+every connection it inspects. Under Airflow (whose logging sends INFO to stdout) that chatter
+ended up before the JSON of ``finalckpt ... --json``, and in every task log. While *our*
+migrations run, Alembic records below WARNING are dropped (a context-local filter: Airflow's own
+``airflow db migrate`` in the same process keeps its lines); this module logs one line per
+upgrade instead.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +50,34 @@ MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
 #: Key of the PostgreSQL advisory lock held while migrating ("finalckp" in ASCII, fits a bigint).
 ADVISORY_LOCK_KEY = int.from_bytes(b"finalckp", "big")
 DISTRIBUTION = "airflow-finalckpt"
+#: Alembic loggers whose INFO lines are dropped while this module migrates or inspects.
+ALEMBIC_LOGGERS = ("alembic.runtime.migration", "alembic.runtime.plugins")
+
+log = logging.getLogger(__name__)
+_QUIET = contextvars.ContextVar("finalckpt_quiet_alembic", default=False)
+
+
+class _QuietAlembicFilter(logging.Filter):
+    """Drops Alembic's INFO/DEBUG records, but only inside this module's own migrations."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not _QUIET.get()
+
+
+_FILTER = _QuietAlembicFilter()
+for _name in ALEMBIC_LOGGERS:
+    if _FILTER not in logging.getLogger(_name).filters:
+        logging.getLogger(_name).addFilter(_FILTER)
+
+
+@contextmanager
+def quiet_alembic() -> Iterator[None]:
+    """Silence Alembic's per-connection INFO chatter for the duration (this context only)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 def package_version() -> str:
@@ -115,7 +152,7 @@ def current_revision(engine: Engine) -> str | None:
 
     Raises ConfigurationError if the revision is unknown to this package.
     """
-    with engine.connect() as connection:
+    with quiet_alembic(), engine.connect() as connection:
         return _current_revision(connection)
 
 
@@ -140,7 +177,7 @@ def _create_sqlite_directory(engine: Engine) -> None:
 @contextmanager
 def migration_transaction(engine: Engine) -> Iterator[Connection]:
     """One transaction that excludes every other migrating process until it ends."""
-    with engine.begin() as connection:
+    with quiet_alembic(), engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(
                 text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK_KEY}
@@ -162,8 +199,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade the schema to ``revision``."""
     _create_sqlite_directory(engine)
     with migration_transaction(engine) as connection:
-        _current_revision(connection)
+        before = _current_revision(connection)
         command.upgrade(alembic_config(connection), revision)
+    log.info("coordination store schema upgraded from %s to %s", before or "empty", revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
@@ -187,7 +225,9 @@ def ensure_schema(engine: Engine) -> bool:
     """
     _create_sqlite_directory(engine)
     with migration_transaction(engine) as connection:
-        if _current_revision(connection) == head_revision():
+        before = _current_revision(connection)
+        if before == head_revision():
             return False
         command.upgrade(alembic_config(connection), "head")
-        return True
+    log.info("coordination store schema upgraded from %s to %s", before or "empty", head_revision())
+    return True

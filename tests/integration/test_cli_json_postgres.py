@@ -1,0 +1,114 @@
+"""Every ``--json`` command of the installed ``finalckpt`` script prints one JSON document on
+stdout, nothing else, with PostgreSQL as the store: on a fresh database (the command runs the
+migrations, whose Alembic lines used to land on stdout under Airflow's logging) and on an
+existing one. Logs go to stderr.
+
+Run as real subprocesses (the console script, Airflow's real logging setup), not CliRunner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import StopMode
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import current_revision, head_revision
+
+pytestmark = pytest.mark.postgres
+
+DAG = "flights"
+RUN = "manual__json"
+KEY = "flights.manual__json"
+SCRIPT = str(Path(sys.executable).with_name("finalckpt"))
+
+
+def finalckpt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCRIPT, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.fixture
+def cli_env(pg_url: str, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        AIRFLOW_HOME=str(tmp_path / "airflow_home"),
+        AIRFLOW__FINALCKPT__STORE_URL=pg_url,
+        AIRFLOW__FINALCKPT__STORAGE_URI=str(tmp_path / "checkpoints"),
+        # Airflow's logging at INFO on its console handler: what put Alembic on stdout
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+    )
+    return env
+
+
+def parse_only_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError as exc:  # pragma: no cover - the failure this test is about
+        pytest.fail(f"stdout is not one JSON document ({exc}):\n{result.stdout[:2000]}")
+
+
+def test_fresh_database_is_migrated_and_stdout_stays_clean(
+    cli_env: dict[str, str], pg_url: str
+) -> None:
+    engine = make_engine(pg_url)
+    try:
+        assert current_revision(engine) is None
+        result = finalckpt(cli_env, "status", DAG, RUN, "--json")
+        assert result.returncode == 2
+        assert result.stdout == ""  # Alembic's "Context impl PostgresqlImpl." was printed here
+        assert result.stderr.strip().splitlines()[-1].startswith("error: no pipeline run is known")
+        assert current_revision(engine) == head_revision()  # the command migrated it
+    finally:
+        engine.dispose()
+
+
+def test_every_json_command_prints_only_json_on_an_existing_database(
+    cli_env: dict[str, str], pg_url: str, tmp_path: Path
+) -> None:
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    engine = make_engine(pg_url)
+    try:
+        ensure_schema(engine)
+        coord = Coordinator(engine, KEY, writer=CheckpointStorage(str(tmp_path / "checkpoints")))
+        coord.register(StageGraph.from_edges(["ingest", "enrich"], [("ingest", "enrich")]))
+        coord.link_dag_run(DAG, RUN)
+        epoch = coord.start_attempt("ingest", total_splits=4).epoch
+
+        status = parse_only_json(finalckpt(cli_env, "status", DAG, RUN, "--json"))
+        assert status["summary"]["pipeline_key"] == KEY
+
+        stop = parse_only_json(finalckpt(cli_env, "stop", DAG, RUN, "--savepoint", "--json"))
+        assert stop["mode"] == StopMode.SAVEPOINT.value and stop["state"] == "REQUESTED"
+        coord.record_batch("ingest", epoch, finished_splits=["d1"])  # answers the savepoint
+        coord.suspend("ingest", epoch)
+
+        status = parse_only_json(finalckpt(cli_env, "status", DAG, RUN, "--json"))
+        assert status["summary"]["state"] == "suspended"
+        path = status["summary"]["stop"]["savepoint_path"]
+
+        resumed = parse_only_json(finalckpt(cli_env, "resume", DAG, RUN, "--json"))
+        assert resumed["state"] == "RESUMED"
+
+        listed = parse_only_json(
+            finalckpt(cli_env, "checkpoints", "list", "--pipeline", KEY, "--json")
+        )
+        assert [c["checkpoint_id"] for c in listed] == [1]
+        shown = parse_only_json(finalckpt(cli_env, "checkpoints", "show", path, "--json"))
+        assert shown["checkpoint_id"] == 1
+        progress = parse_only_json(finalckpt(cli_env, "progress", "--pipeline", KEY, "--json"))
+        assert progress["pipeline_key"] == KEY
+    finally:
+        engine.dispose()
