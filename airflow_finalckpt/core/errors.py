@@ -101,3 +101,27 @@ class DrainedSavepointError(FinalCheckpointError):
 
 class UnknownRunError(CoordinationError):
     """No pipeline run is known for this Airflow DAG run (no stage task of it has started)."""
+
+
+class StageDefinitionError(FinalCheckpointError):
+    """A stage is defined wrongly in the DAG (no transform, no splits, unknown primary input)."""
+
+
+#: Errors that a retry cannot fix: the DAG, the conf or the savepoint must change first.
+#: Everything else (database or storage I/O, a stale attempt, a stop in progress) may be
+#: transient and keeps Airflow's retries.
+PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
+    InvalidGraphError,
+    IllegalGraphChangeError,
+    StageDefinitionError,
+    UnsafePathError,
+    MetadataError,
+    ForeignCheckpointError,
+    DrainedSavepointError,
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether ``exc`` fails the same way on every retry (bad restore path, illegal graph
+    change, drained savepoint, bad DAG or stage definition): the task should fail at once."""
+    return isinstance(exc, PERMANENT_ERRORS)

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.restore import plan_restore
+from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.plugins.links import PipelineLink
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
@@ -171,6 +172,7 @@ class FinalCheckpointStageOperator(BaseOperator):
 
     # ------------------------------------------------------------------ execution
 
+    @fail_permanent_errors
     def execute(self, context: Context) -> Any:
         hook = self._hook()
         settings = hook.get_settings()
@@ -413,20 +415,20 @@ class FinalCheckpointStageOperator(BaseOperator):
         primary = self.primary_input
         if primary is None:
             if len(manifests) != 1:
-                raise FinalCheckpointError(
+                raise StageDefinitionError(
                     f"stage {self.stage_id!r} needs `splits` (a source stage) or `primary_input` "
                     f"(it has {len(manifests)} upstream stages)"
                 )
             primary = next(iter(manifests))
         if primary not in manifests:
-            raise FinalCheckpointError(
+            raise StageDefinitionError(
                 f"stage {self.stage_id!r}: primary_input {primary!r} is not an upstream stage"
             )
         return manifests[primary], manifests
 
     def _transform(self) -> Transform:
         if self.transform is None:
-            raise FinalCheckpointError(f"stage {self.stage_id!r} has no transform")
+            raise StageDefinitionError(f"stage {self.stage_id!r} has no transform")
         return self.transform
 
     def _spark_session(self) -> SparkSession:
