@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -62,7 +62,14 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
 )
 from airflow_finalckpt.core.plan import CheckpointPlan, calculate_plan
-from airflow_finalckpt.core.restore import RestorePlan, StageAction, StageRestore
+from airflow_finalckpt.core.restore import (
+    GraphChange,
+    RestorePlan,
+    StageAction,
+    StageRestore,
+    plan_graph_change,
+    plan_restore,
+)
 from airflow_finalckpt.store import schema as t
 
 log = logging.getLogger(__name__)
@@ -142,6 +149,24 @@ class FinishOutcome:
 class CoordinatorOptions:
     retain_checkpoints: int = 3
     checkpoint_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    """What :meth:`Coordinator.start_pipeline` did: ``restored`` is the restore plan it applied
+    (None: no ``restore_from``, or already restored from it), ``change`` the checked graph
+    change of a continuation (None: the stored graph had the same fingerprint)."""
+
+    restored: RestorePlan | None = None
+    change: GraphChange | None = None
+
+    def describe(self) -> str | None:
+        """One line for the task log, None when nothing happened worth a line."""
+        if self.restored is not None:
+            return self.restored.describe()
+        if self.change is not None:
+            return self.change.describe()
+        return None
 
 
 @dataclass
@@ -291,10 +316,14 @@ class Coordinator:
     # ------------------------------------------------------------------ transactions
 
     @contextmanager
-    def _transition(self) -> Iterator[_Tx]:
-        """One write transaction holding the pipeline lock; after-commit hooks run on success."""
+    def _transition(self, *, create: Mapping[str, Any] | None = None) -> Iterator[_Tx]:
+        """One write transaction holding the pipeline lock; after-commit hooks run on success.
+        ``create``: the pipeline row to insert first if there is none (rolled back with the
+        rest if the transition raises)."""
         hooks: list[Callable[[], None]] = []
         with self.engine.begin() as conn:
+            if create is not None:
+                self._insert_ignore(conn, t.pipelines, create)
             # Every column but the graph (O(stages) of JSON): see _shape / _graph_data.
             row = (
                 conn.execute(
@@ -350,59 +379,117 @@ class Coordinator:
     # ------------------------------------------------------------------ registration
 
     def register(self, graph: StageGraph, options: CoordinatorOptions | None = None) -> None:
-        """Create the pipeline (idempotent) or update its graph and options.
+        """Create the pipeline (idempotent) or move it to a changed graph, refusing (before any
+        write) a change that would lose progress: see :meth:`start_pipeline`."""
+        self.start_pipeline(graph, options=options)
 
-        Graph changes must have been validated by the restore planner before this is called.
+    def start_pipeline(
+        self,
+        graph: StageGraph,
+        *,
+        options: CoordinatorOptions | None = None,
+        record: CheckpointRecord | None = None,
+        source: str | None = None,
+        allow_drop_stages: Collection[str] = (),
+    ) -> StartOutcome:
+        """Start (or continue) the pipeline on ``graph``: the one entry every stage attempt
+        goes through, so every start from existing progress runs the same graph-change check.
+
+        In one transaction holding the pipeline lock, *before anything is written*:
+
+        * ``record`` not yet restored from ``source`` (``restore_from``): the checkpoint's graph
+          and statuses are checked against ``graph`` (:func:`plan_restore`), then every stage is
+          reset to it;
+        * otherwise, a stored graph whose fingerprint differs from ``graph``'s (a
+          ``pipeline_key`` continuation or a retry after the DAG changed): the stored progress
+          is checked (:func:`plan_graph_change`); stages it removes lose their rows only if they
+          never started or are named in ``allow_drop_stages``;
+        * the same fingerprint (a retry of the unchanged DAG, the run's other tasks): no check.
+
+        Raises IllegalGraphChangeError / DrainedSavepointError / ForeignCheckpointError /
+        MetadataError with the store unchanged (a new pipeline is not even created).
         """
         opts = options or CoordinatorOptions()
         now = self.clock()
-        with self.engine.begin() as conn:
+        create = {
+            "pipeline_key": self.pipeline_key,
+            "graph": graph.to_dict(),
+            "fingerprint": graph.fingerprint,
+            "next_checkpoint_id": 1,
+            "retain_checkpoints": opts.retain_checkpoints,
+            "checkpoint_timeout_s": opts.checkpoint_timeout_s,
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self._transition(create=create) as tx:
+            plan: RestorePlan | None = None
+            change: GraphChange | None = None
+            if record is not None and tx.pipeline["restored_from"] != source:
+                plan = plan_restore(
+                    record,
+                    graph,
+                    pipeline_key=self.pipeline_key,
+                    allow_drop_stages=allow_drop_stages,
+                )
+            elif tx.pipeline["fingerprint"] != graph.fingerprint:
+                old = StageGraph.from_dict(self._graph_data(tx.conn))
+                views = {sid: self._view(r) for sid, r in self._stage_rows(tx.conn).items()}
+                progress = {
+                    sid: StageProgress(
+                        lifecycle=v.lifecycle,
+                        finished_splits=v.progress.finished_splits,
+                        total_splits=v.total_splits,
+                    )
+                    for sid, v in views.items()
+                    if sid in old
+                }
+                change = plan_graph_change(
+                    old,
+                    progress,
+                    graph,
+                    pipeline_key=self.pipeline_key,
+                    allow_drop_stages=allow_drop_stages,
+                )
+            # every check passed: from here on the transaction writes
+            self._write_graph(tx, graph, opts, now)
+            if plan is not None and record is not None:
+                self._apply_restore(tx, plan, record, str(source), now)
+            return StartOutcome(restored=plan, change=change)
+
+    def _write_graph(
+        self, tx: _Tx, graph: StageGraph, opts: CoordinatorOptions, now: float
+    ) -> None:
+        tx.conn.execute(
+            update(t.pipelines)
+            .where(t.pipelines.c.pipeline_key == self.pipeline_key)
+            .values(
+                graph=graph.to_dict(),
+                fingerprint=graph.fingerprint,
+                retain_checkpoints=opts.retain_checkpoints,
+                checkpoint_timeout_s=opts.checkpoint_timeout_s,
+                updated_at=now,
+            )
+        )
+        # Only stages the check allowed to go are still here: not started, or dropped on purpose.
+        tx.conn.execute(
+            t.stages.delete().where(
+                t.stages.c.pipeline_key == self.pipeline_key,
+                t.stages.c.stage_id.not_in(graph.stage_ids),
+            )
+        )
+        for stage_id in graph.stage_ids:
             self._insert_ignore(
-                conn,
-                t.pipelines,
+                tx.conn,
+                t.stages,
                 {
                     "pipeline_key": self.pipeline_key,
-                    "graph": graph.to_dict(),
-                    "fingerprint": graph.fingerprint,
-                    "next_checkpoint_id": 1,
-                    "retain_checkpoints": opts.retain_checkpoints,
-                    "checkpoint_timeout_s": opts.checkpoint_timeout_s,
-                    "created_at": now,
+                    "stage_id": stage_id,
+                    "lifecycle": StageLifecycle.NOT_STARTED.value,
+                    "epoch": 0,
+                    "progress": _dump(StageSnapshot()),
                     "updated_at": now,
                 },
             )
-        with self._transition() as tx:
-            tx.conn.execute(
-                update(t.pipelines)
-                .where(t.pipelines.c.pipeline_key == self.pipeline_key)
-                .values(
-                    graph=graph.to_dict(),
-                    fingerprint=graph.fingerprint,
-                    retain_checkpoints=opts.retain_checkpoints,
-                    checkpoint_timeout_s=opts.checkpoint_timeout_s,
-                    updated_at=now,
-                )
-            )
-            # Stages removed from the graph (allowed by the restore rules) stop counting.
-            tx.conn.execute(
-                t.stages.delete().where(
-                    t.stages.c.pipeline_key == self.pipeline_key,
-                    t.stages.c.stage_id.not_in(graph.stage_ids),
-                )
-            )
-            for stage_id in graph.stage_ids:
-                self._insert_ignore(
-                    tx.conn,
-                    t.stages,
-                    {
-                        "pipeline_key": self.pipeline_key,
-                        "stage_id": stage_id,
-                        "lifecycle": StageLifecycle.NOT_STARTED.value,
-                        "epoch": 0,
-                        "progress": _dump(StageSnapshot()),
-                        "updated_at": now,
-                    },
-                )
 
     def link_dag_run(self, dag_id: str, run_id: str) -> None:
         """Record that an Airflow DAG run works on this pipeline (idempotent). A DAG run belongs
@@ -1236,59 +1323,63 @@ class Coordinator:
         Works on an empty store too (the checkpoint is imported). Idempotent per ``source``:
         returns False if the pipeline was already restored from it.
         """
-        checkpoint_id = record.checkpoint_id
         with self._transition() as tx:
             if tx.pipeline["restored_from"] == source:
                 return False
-            now = self.clock()
-            for cid in self._pending_ids(tx.conn):
-                self._abort(tx, cid, f"pipeline restored from {source}")
-            stop = self._latest_stop(tx.conn)
-            if stop is not None and stop.state is not StopState.RESUMED:
-                self._update_stop(tx.conn, stop.request_id, {"state": StopState.RESUMED.value})
-            exists = tx.conn.execute(
-                select(t.checkpoints.c.state).where(
-                    t.checkpoints.c.pipeline_key == self.pipeline_key,
-                    t.checkpoints.c.checkpoint_id == checkpoint_id,
-                )
-            ).scalar()
-            if exists is None:
-                tx.conn.execute(
-                    t.checkpoints.insert().values(
-                        pipeline_key=self.pipeline_key,
-                        checkpoint_id=checkpoint_id,
-                        kind=record.kind.value,
-                        reason=record.reason.value,
-                        state=CheckpointState.COMPLETED.value,
-                        plan={
-                            "to_trigger": [],
-                            "to_ack": [],
-                            "fully_finished": [],
-                            "not_started": [],
-                            "statuses": {k: v.status.value for k, v in record.stages.items()},
-                        },
-                        acks_pending=0,
-                        triggered_at=record.triggered_at,
-                        completed_at=record.completed_at,
-                        metadata_path=source,
-                    )
-                )
-            next_id = max(int(tx.pipeline["next_checkpoint_id"]), checkpoint_id + 1)
-            tx.conn.execute(
-                update(t.pipelines)
-                .where(t.pipelines.c.pipeline_key == self.pipeline_key)
-                .values(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
-            )
-            rows = self._stage_rows(tx.conn)
-            for sid, decision in plan.stages.items():
-                row = rows.get(sid)
-                if row is None:
-                    raise UnknownStageError(
-                        f"stage {sid!r} is not registered for pipeline {self.pipeline_key!r}; "
-                        "register the current graph before restoring"
-                    )
-                self._restore_stage(tx, row, decision, checkpoint_id, now)
+            self._apply_restore(tx, plan, record, source, self.clock())
             return True
+
+    def _apply_restore(
+        self, tx: _Tx, plan: RestorePlan, record: CheckpointRecord, source: str, now: float
+    ) -> None:
+        checkpoint_id = record.checkpoint_id
+        for cid in self._pending_ids(tx.conn):
+            self._abort(tx, cid, f"pipeline restored from {source}")
+        stop = self._latest_stop(tx.conn)
+        if stop is not None and stop.state is not StopState.RESUMED:
+            self._update_stop(tx.conn, stop.request_id, {"state": StopState.RESUMED.value})
+        exists = tx.conn.execute(
+            select(t.checkpoints.c.state).where(
+                t.checkpoints.c.pipeline_key == self.pipeline_key,
+                t.checkpoints.c.checkpoint_id == checkpoint_id,
+            )
+        ).scalar()
+        if exists is None:
+            tx.conn.execute(
+                t.checkpoints.insert().values(
+                    pipeline_key=self.pipeline_key,
+                    checkpoint_id=checkpoint_id,
+                    kind=record.kind.value,
+                    reason=record.reason.value,
+                    state=CheckpointState.COMPLETED.value,
+                    plan={
+                        "to_trigger": [],
+                        "to_ack": [],
+                        "fully_finished": [],
+                        "not_started": [],
+                        "statuses": {k: v.status.value for k, v in record.stages.items()},
+                    },
+                    acks_pending=0,
+                    triggered_at=record.triggered_at,
+                    completed_at=record.completed_at,
+                    metadata_path=source,
+                )
+            )
+        next_id = max(int(tx.pipeline["next_checkpoint_id"]), checkpoint_id + 1)
+        tx.conn.execute(
+            update(t.pipelines)
+            .where(t.pipelines.c.pipeline_key == self.pipeline_key)
+            .values(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
+        )
+        rows = self._stage_rows(tx.conn)
+        for sid, decision in plan.stages.items():
+            row = rows.get(sid)
+            if row is None:
+                raise UnknownStageError(
+                    f"stage {sid!r} is not registered for pipeline {self.pipeline_key!r}; "
+                    "register the current graph before restoring"
+                )
+            self._restore_stage(tx, row, decision, checkpoint_id, now)
 
     def _restore_stage(
         self,

@@ -107,6 +107,10 @@ class StageDefinitionError(FinalCheckpointError):
     """A stage is defined wrongly in the DAG (no transform, no splits, unknown primary input)."""
 
 
+class InvalidRunConfError(FinalCheckpointError):
+    """A DAG run conf value of airflow-finalckpt is malformed (e.g. ``allow_drop_stages``)."""
+
+
 #: Errors that a retry cannot fix: the DAG, the conf or the savepoint must change first.
 #: Everything else (database or storage I/O, a stale attempt, a stop in progress) may be
 #: transient and keeps Airflow's retries.
@@ -114,6 +118,7 @@ PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
     InvalidGraphError,
     IllegalGraphChangeError,
     StageDefinitionError,
+    InvalidRunConfError,
     UnsafePathError,
     MetadataError,
     ForeignCheckpointError,

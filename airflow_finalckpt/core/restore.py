@@ -11,20 +11,24 @@ Actions (FLIP-147's three finish states, carried over):
   split's state) included: unlike Flink, partial finishing never discards or aborts anything.
 - ``fresh``: the stage was NOT_STARTED, RUNNING with an empty snapshot, or is new in the graph.
 
-Graph-change rules, checked before any work starts when restoring into a possibly changed DAG
-(Flink's VertexFinishedStateChecker is the floor). Each violation raises
-:class:`IllegalGraphChangeError` with ``stage_id`` and one of these ``rule`` names, which are
-part of the public API:
+Graph-change rules (Flink's VertexFinishedStateChecker is the floor), checked before anything is
+written whenever a pipeline starts from existing progress: ``restore_from`` (the checkpoint's
+graph and statuses, :func:`plan_restore`), and a ``pipeline_key`` continuation or a retry of a
+changed DAG (the store's graph and live progress, :func:`plan_graph_change`). Both run the same
+rules (:func:`find_violations`). Each violation raises :class:`IllegalGraphChangeError` with
+``stage_id`` and one of these ``rule`` names, which are part of the public API:
 
 ``removed-stage``
     A stage recorded with any status other than NOT_STARTED is missing from the current graph:
-    its state and progress would be lost. Waived by ``allow_removed_stages`` (the state is then
-    dropped and listed in :attr:`RestorePlan.dropped_stages`).
+    its state and progress would be lost. Waived for the stages named in ``allow_drop_stages``
+    (the explicit opt-in, e.g. the DAG run conf ``{"allow_drop_stages": ["b"]}``; the state is
+    then dropped and listed in :attr:`RestorePlan.dropped_stages`), or for every removed stage
+    by ``allow_removed_stages``.
 ``rekeyed-stage``
     The Airflow task that ran stage X (status other than NOT_STARTED) now runs a stage with
     another stage_id while X is gone: almost always an accidental rename that would silently
-    start X's work over. ``stage_id`` is X; the message names both ids. Not waived by
-    ``allow_removed_stages``.
+    start X's work over. ``stage_id`` is X; the message names both ids. Waived only by naming X
+    in ``allow_drop_stages``.
 ``finished-needs-finished-upstream``
     A FULLY_FINISHED stage must have every upstream stage of the *current* graph recorded
     FULLY_FINISHED: a new stage placed before a finished one, or a new edge from a stage that
@@ -33,13 +37,13 @@ part of the public API:
     A PARTIALLY_FINISHED stage cannot follow a RUNNING, PARTIALLY_FINISHED, NOT_STARTED or new
     stage: its finished splits were computed from complete upstream input.
 
-Automatic retries of the same run pass ``check_graph_changes=False``: no rule is checked,
-stages missing from the graph are dropped and new ones start fresh.
+Automatic retries of the same, unchanged DAG are not re-checked: the coordinator compares the
+graph fingerprints first (:meth:`Coordinator.start_pipeline`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -48,6 +52,7 @@ from airflow_finalckpt.core.errors import (
     ForeignCheckpointError,
     IllegalGraphChangeError,
     InvalidGraphError,
+    InvalidRunConfError,
     MetadataError,
 )
 from airflow_finalckpt.core.graph import StageGraph
@@ -57,9 +62,11 @@ from airflow_finalckpt.core.model import (
     EndOfData,
     SinkTransaction,
     StageCheckpointRecord,
+    StageProgress,
     StageStatus,
     StateHandle,
 )
+from airflow_finalckpt.core.plan import checkpoint_status
 
 REMOVED_STAGE = "removed-stage"
 REKEYED_STAGE = "rekeyed-stage"
@@ -211,24 +218,52 @@ def _status(record: CheckpointRecord, stage_id: str) -> StageStatus:
 # -- graph-change rules -------------------------------------------------------------------
 
 
+def _record_statuses(record: CheckpointRecord, old: StageGraph) -> dict[str, StageStatus]:
+    return {sid: _status(record, sid) for sid in old.stage_ids}
+
+
 def find_graph_change_violations(
-    record: CheckpointRecord, graph: StageGraph, *, allow_removed_stages: bool = False
+    record: CheckpointRecord,
+    graph: StageGraph,
+    *,
+    allow_removed_stages: bool = False,
+    allow_drop_stages: Collection[str] = (),
 ) -> list[GraphChangeViolation]:
-    """Every graph-change rule the current ``graph`` breaks, in a deterministic order."""
+    """Every graph-change rule the current ``graph`` breaks against a checkpoint."""
     old = _checkpoint_graph(record)
+    return find_violations(
+        old,
+        _record_statuses(record, old),
+        graph,
+        where=f"checkpoint {record.checkpoint_id}",
+        allow_removed_stages=allow_removed_stages,
+        allow_drop_stages=allow_drop_stages,
+    )
+
+
+def find_violations(
+    old: StageGraph,
+    statuses: Mapping[str, StageStatus],
+    graph: StageGraph,
+    *,
+    where: str,
+    allow_removed_stages: bool = False,
+    allow_drop_stages: Collection[str] = (),
+) -> list[GraphChangeViolation]:
+    """Every rule ``graph`` breaks against the ``old`` graph and its stages' ``statuses`` (a
+    stage without a status had not started), in a deterministic order. ``where`` names the
+    progress in messages ("checkpoint 7", "the stored progress of pipeline 'k'")."""
+    status = _status_of(statuses)
     return [
-        *_removed_and_rekeyed(record, old, graph, allow_removed_stages),
-        *_upstream_violations(record, old, graph),
+        *_removed_and_rekeyed(
+            old, status, graph, where, allow_removed_stages, frozenset(allow_drop_stages)
+        ),
+        *_upstream_violations(old, status, graph, where),
     ]
 
 
-def validate_graph_change(
-    record: CheckpointRecord, graph: StageGraph, *, allow_removed_stages: bool = False
-) -> None:
-    """Raise IllegalGraphChangeError for the first broken rule; the message lists the rest."""
-    violations = find_graph_change_violations(
-        record, graph, allow_removed_stages=allow_removed_stages
-    )
+def raise_violations(violations: list[GraphChangeViolation]) -> None:
+    """Raise IllegalGraphChangeError for the first violation; the message lists the rest."""
     if not violations:
         return
     first, others = violations[0], violations[1:]
@@ -238,15 +273,41 @@ def validate_graph_change(
     raise IllegalGraphChangeError(first.stage_id, first.rule, f"{first.detail} (also: {also})")
 
 
+def validate_graph_change(
+    record: CheckpointRecord,
+    graph: StageGraph,
+    *,
+    allow_removed_stages: bool = False,
+    allow_drop_stages: Collection[str] = (),
+) -> None:
+    """Raise IllegalGraphChangeError for the first broken rule; the message lists the rest."""
+    raise_violations(
+        find_graph_change_violations(
+            record,
+            graph,
+            allow_removed_stages=allow_removed_stages,
+            allow_drop_stages=allow_drop_stages,
+        )
+    )
+
+
+def _status_of(statuses: Mapping[str, StageStatus]) -> Callable[[str], StageStatus]:
+    return lambda sid: statuses.get(sid, StageStatus.NOT_STARTED)
+
+
 def _removed_and_rekeyed(
-    record: CheckpointRecord, old: StageGraph, graph: StageGraph, allow_removed: bool
+    old: StageGraph,
+    status_of: Callable[[str], StageStatus],
+    graph: StageGraph,
+    where: str,
+    allow_removed: bool,
+    allow_drop: frozenset[str],
 ) -> list[GraphChangeViolation]:
     current_by_task = {stage.airflow_task_id: sid for sid, stage in graph.stages.items()}
-    cid = record.checkpoint_id
     found: list[GraphChangeViolation] = []
     for sid in old.topological_order():
-        status = _status(record, sid)
-        if sid in graph or status is StageStatus.NOT_STARTED:
+        status = status_of(sid)
+        if sid in graph or status is StageStatus.NOT_STARTED or sid in allow_drop:
             continue
         task_id = old.stages[sid].airflow_task_id
         successor = current_by_task.get(task_id)
@@ -255,10 +316,11 @@ def _removed_and_rekeyed(
                 GraphChangeViolation(
                     sid,
                     REKEYED_STAGE,
-                    f"Airflow task {task_id!r} ran stage {sid!r} ({status}) in checkpoint {cid} "
+                    f"Airflow task {task_id!r} ran stage {sid!r} ({status}) in {where} "
                     f"but now runs stage {successor!r}; state is mapped by stage id, so "
                     f"{sid!r}'s progress would be lost. Give task {task_id!r} its old stage id "
-                    f"{sid!r} again",
+                    f"{sid!r} again, or drop its progress on purpose with "
+                    f'allow_drop_stages=["{sid}"]',
                 )
             )
         elif not allow_removed:
@@ -266,43 +328,110 @@ def _removed_and_rekeyed(
                 GraphChangeViolation(
                     sid,
                     REMOVED_STAGE,
-                    f"it is {status} in checkpoint {cid} but missing from the current graph, "
-                    "so its state would be lost; put it back, or restore with "
-                    "allow_removed_stages to drop its state",
+                    f"it is {status} in {where} but missing from the current graph, "
+                    "so its state would be lost; put it back, or drop its progress on purpose "
+                    f'with allow_drop_stages=["{sid}"]',
                 )
             )
     return found
 
 
 def _upstream_violations(
-    record: CheckpointRecord, old: StageGraph, graph: StageGraph
+    old: StageGraph,
+    status_of: Callable[[str], StageStatus],
+    graph: StageGraph,
+    where: str,
 ) -> list[GraphChangeViolation]:
     rules = {
         StageStatus.FULLY_FINISHED: (FINISHED_NEEDS_FINISHED_UPSTREAM, "fully finished"),
         StageStatus.PARTIALLY_FINISHED: (PARTIAL_NEEDS_FINISHED_UPSTREAM, "partially finished"),
     }
-    cid = record.checkpoint_id
     found: list[GraphChangeViolation] = []
     for sid in graph.topological_order():
-        if sid not in old or _status(record, sid) not in rules:
+        if sid not in old or status_of(sid) not in rules:
             continue
-        rule, what = rules[_status(record, sid)]
+        rule, what = rules[status_of(sid)]
         for up in graph.upstream(sid):
             if up not in old:
                 why = "is new in the graph"
-            elif (up_status := _status(record, up)) is not StageStatus.FULLY_FINISHED:
-                why = f"is {up_status} in checkpoint {cid}"
+            elif (up_status := status_of(up)) is not StageStatus.FULLY_FINISHED:
+                why = f"is {up_status} in {where}"
             else:
                 continue
             found.append(
                 GraphChangeViolation(
                     sid,
                     rule,
-                    f"it is {what} in checkpoint {cid} but its upstream stage {up!r} {why}; "
+                    f"it is {what} in {where} but its upstream stage {up!r} {why}; "
                     f"a {what} stage can only follow fully finished stages",
                 )
             )
     return found
+
+
+# -- continuation of stored progress --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphChange:
+    """What a ``pipeline_key`` continuation (or a retry of a changed DAG) does to the stored
+    progress: ``kept`` stages keep it, ``fresh`` ones are new, ``dropped`` ones lose it (named
+    in ``allow_drop_stages``), ``forgotten`` ones were removed before they started."""
+
+    statuses: Mapping[str, StageStatus]
+    kept: tuple[str, ...]
+    fresh: tuple[str, ...]
+    dropped: tuple[str, ...]
+    forgotten: tuple[str, ...]
+
+    def describe(self) -> str:
+        parts = [f"keep {sid} ({self.statuses[sid]})" for sid in self.kept]
+        parts += [f"new {sid}" for sid in self.fresh]
+        if self.dropped:
+            parts.append("progress dropped (allow_drop_stages): " + ", ".join(self.dropped))
+        if self.forgotten:
+            parts.append("removed before they started: " + ", ".join(self.forgotten))
+        return "graph changed: " + "; ".join(parts)
+
+
+def stored_statuses(progress: Mapping[str, StageProgress]) -> dict[str, StageStatus]:
+    """The status each stage's live progress would have in a checkpoint taken now."""
+    return {sid: checkpoint_status(p) for sid, p in progress.items()}
+
+
+def plan_graph_change(
+    old: StageGraph,
+    progress: Mapping[str, StageProgress],
+    graph: StageGraph,
+    *,
+    pipeline_key: str,
+    allow_drop_stages: Collection[str] = (),
+) -> GraphChange:
+    """Check a continuation of ``old``'s stored ``progress`` into ``graph`` with the same rules
+    as a restore; IllegalGraphChangeError (naming the stage and the rule) if it breaks one."""
+    statuses = stored_statuses(progress)
+    raise_violations(
+        find_violations(
+            old,
+            statuses,
+            graph,
+            where=f"the stored progress of pipeline {pipeline_key!r}",
+            allow_drop_stages=allow_drop_stages,
+        )
+    )
+    gone = [sid for sid in old.topological_order() if sid not in graph]
+    started = [
+        sid
+        for sid in gone
+        if statuses.get(sid, StageStatus.NOT_STARTED) is not StageStatus.NOT_STARTED
+    ]
+    return GraphChange(
+        statuses={sid: statuses.get(sid, StageStatus.NOT_STARTED) for sid in old.stage_ids},
+        kept=tuple(sid for sid in graph.topological_order() if sid in old),
+        fresh=tuple(sid for sid in graph.topological_order() if sid not in old),
+        dropped=tuple(started),
+        forgotten=tuple(sid for sid in gone if sid not in started),
+    )
 
 
 # -- planning -----------------------------------------------------------------------------
@@ -346,6 +475,7 @@ def plan_restore(
     pipeline_key: str | None = None,
     check_graph_changes: bool = True,
     allow_removed_stages: bool = False,
+    allow_drop_stages: Collection[str] = (),
     allow_drained: bool = False,
 ) -> RestorePlan:
     """Decide what every stage of ``graph`` does when restoring ``record``.
@@ -369,7 +499,12 @@ def plan_restore(
         )
     old = _checkpoint_graph(record)
     if check_graph_changes:
-        validate_graph_change(record, graph, allow_removed_stages=allow_removed_stages)
+        validate_graph_change(
+            record,
+            graph,
+            allow_removed_stages=allow_removed_stages,
+            allow_drop_stages=allow_drop_stages,
+        )
     stages = {sid: _stage_restore(sid, record.stages.get(sid)) for sid in graph.topological_order()}
     dropped = tuple(
         sid
@@ -383,3 +518,63 @@ def plan_restore(
         stages=stages,
         dropped_stages=dropped,
     )
+
+
+def plan_document(plan: RestorePlan) -> dict[str, object]:
+    """The restore plan as data (``finalckpt restore --dry-run --json``, the REST answer): per
+    stage what runs, the splits already done (the rest is redone), the state and transactions
+    mapped onto it; the checkpointed stages whose progress is dropped."""
+    stages = []
+    for sid, stage in plan.stages.items():
+        stages.append(
+            {
+                "stage_id": sid,
+                "action": stage.action.value,
+                "finished_splits": sorted(stage.finished_splits),
+                "redo": {
+                    StageAction.SKIP: "nothing (fully finished: no Spark job, end_of_data "
+                    "re-published)",
+                    StageAction.RESUME: f"every split but the {len(stage.finished_splits)} "
+                    "finished ones",
+                    StageAction.FRESH: "every split",
+                }[stage.action],
+                "state_files": len(stage.state),
+                "state_bytes": sum(h.size for h in stage.state),
+                "pending_transactions": [t.txn_id for t in stage.pending_transactions],
+                "watermark": stage.watermark,
+                "end_of_data_parts": None
+                if stage.end_of_data is None
+                else len(stage.end_of_data.manifest),
+            }
+        )
+    return {
+        "pipeline_key": plan.pipeline_key,
+        "checkpoint_id": plan.checkpoint_id,
+        "kind": plan.kind.value,
+        "skipped": plan.skipped,
+        "resumed": plan.resumed,
+        "fresh": plan.fresh,
+        "dropped_stages": list(plan.dropped_stages),
+        "stages": stages,
+        "summary": plan.describe(),
+    }
+
+
+#: The DAG run conf key naming the stages whose progress may be dropped (the only opt-in).
+ALLOW_DROP_STAGES_KEY = "allow_drop_stages"
+
+
+def parse_allow_drop_stages(value: object) -> tuple[str, ...]:
+    """The ``allow_drop_stages`` conf value: a list of stage ids (a single id is accepted);
+    anything else is an InvalidRunConfError, never a silent "drop nothing" or "drop all"."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(
+        isinstance(i, str) and i.strip() for i in items
+    ):
+        raise InvalidRunConfError(
+            f"{ALLOW_DROP_STAGES_KEY} must be a list of stage ids, e.g. "
+            f'{{"{ALLOW_DROP_STAGES_KEY}": ["b"]}}; got {value!r}'
+        )
+    return tuple(dict.fromkeys(i.strip() for i in items))
