@@ -22,7 +22,7 @@ from airflow.sdk import BaseOperator
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
-from airflow_finalckpt.core.restore import plan_restore
+from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.plugins.links import PipelineLink
 from airflow_finalckpt.runtime.runner import (
@@ -183,12 +183,16 @@ class FinalCheckpointStageOperator(BaseOperator):
         key = record.pipeline_key if record is not None else self._resolve_key(context)
         coordinator: Coordinator = hook.get_coordinator(key)
         graph = self.pipeline_graph()
-        coordinator.register(graph)
+        # the one graph-change check of every start from existing progress, before any write
+        started = coordinator.start_pipeline(
+            graph,
+            record=record,
+            source=str(restore_from) if restore_from else None,
+            allow_drop_stages=parse_allow_drop_stages(conf.get(ALLOW_DROP_STAGES_KEY)),
+        )
         coordinator.link_dag_run(self.dag_id, context["run_id"])
-        if record is not None:
-            plan = plan_restore(record, graph, pipeline_key=key)
-            if coordinator.restore(plan, record, str(restore_from)):
-                self.log.info("pipeline %s restored: %s", key, plan.describe())
+        if (line := started.describe()) is not None:
+            self.log.warning("pipeline %s: %s", key, line)
         self._log_resume_point(coordinator)
 
         splits, manifests = self._splits(context)
