@@ -10,12 +10,16 @@ from airflow_finalckpt.sinks.base import (
     TwoPhaseCommitSink,
     validate_identifier,
 )
+from airflow_finalckpt.sinks.delta import DeltaTableSink
+from airflow_finalckpt.sinks.iceberg import IcebergTableSink
 from airflow_finalckpt.sinks.parquet import ParquetTableSink
 from airflow_finalckpt.sinks.sql import SqlTableSink
 
 __all__ = [
     "AlreadyCommittedError",
+    "DeltaTableSink",
     "ForeignTransactionError",
+    "IcebergTableSink",
     "InvalidIdentifierError",
     "NotPrecommittedError",
     "ParquetTableSink",

@@ -1,0 +1,297 @@
+"""A Delta Lake table: Spark stages Parquet files in the table directory, deltalake adds them in
+one Delta transaction carrying an application transaction (``txn``) record.
+
+- write: a batch whose schema differs from the table's is refused before any file is written;
+  Spark writes under ``<table>/finalckpt/<sink_id>/<txn_id>/``, which no log entry references.
+- precommit: the files are listed and sealed in a manifest beside them (see ``staged``).
+- commit: ONE Delta commit of ``add`` actions (metadata only), with
+  ``txn(appId=<app_id>, version=<previous + 1>)`` and ``finalckpt.txn-id`` in its commitInfo.
+  Before the first attempt the table version is written into the manifest: a replay reads the
+  log after that version only, and finds its own commit (the ``txn`` version it carries is a
+  monotonic count of this sink's commits). The log entry is created exclusively (no automatic
+  retry), so two committers of one transaction cannot both succeed; the loser re-checks the log.
+  The first commit creates the table (version 0), so versions equal commits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow_finalckpt.sinks.base import SinkError
+from airflow_finalckpt.sinks.staged import (
+    CHECKPOINT_ID_KEY,
+    COMMIT_ATTEMPTS,
+    SINK_ID_KEY,
+    STAGING_DIR,
+    TXN_ID_KEY,
+    StagedTableSink,
+    first_line,
+)
+
+if TYPE_CHECKING:
+    import pyarrow
+    import pyspark.sql
+    from deltalake import DeltaTable
+
+#: Manifest field: the table version before this transaction's first commit attempt.
+VERSION_BEFORE_KEY = "delta_version_before_commit"
+
+
+def _strip_metadata(schema: dict[str, Any]) -> Any:
+    """A Spark / Delta schema JSON without field metadata and top-level nullability."""
+    if isinstance(schema, dict):
+        return {k: _strip_metadata(v) for k, v in schema.items() if k != "metadata"}
+    if isinstance(schema, list):
+        return [_strip_metadata(item) for item in schema]
+    return schema
+
+
+def delta_schema_mismatch(table: dict[str, Any], batch: dict[str, Any]) -> str | None:
+    """Why a batch (Spark schema JSON) cannot go into a Delta table (same JSON format)."""
+    have = {f["name"]: f for f in table["fields"]}
+    got = {f["name"]: f for f in batch["fields"]}
+    problems = []
+    if missing := [name for name in have if name not in got]:
+        problems.append(f"batch lacks columns {missing}")
+    if extra := [name for name in got if name not in have]:
+        problems.append(f"table has no columns {extra}")
+    changed = sorted(
+        f"{name} {json.dumps(_strip_metadata(have[name]['type']))} vs "
+        f"{json.dumps(_strip_metadata(got[name]['type']))}"
+        for name in have.keys() & got.keys()
+        if _strip_metadata(have[name]["type"]) != _strip_metadata(got[name]["type"])
+    )
+    if changed:
+        problems.append(f"types differ (table vs batch): {changed}")
+    nullable = sorted(
+        n for n in have.keys() & got.keys() if not have[n]["nullable"] and got[n]["nullable"]
+    )
+    if nullable:
+        problems.append(f"columns {nullable} are not nullable in the table, nullable here")
+    return "; ".join(problems) or None
+
+
+class DeltaTableSink(StagedTableSink):
+    """Two-phase-commit sink appending to the Delta table at ``table_uri``.
+
+    ``app_id`` names this writer in the table's ``txn`` records (default
+    ``finalckpt-<sink_id>``); give each pipeline writing the table its own, e.g.
+    ``f"{pipeline_key}-{sink_id}"``.
+    """
+
+    def __init__(
+        self,
+        sink_id: str,
+        table_uri: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        app_id: str | None = None,
+    ) -> None:
+        super().__init__(sink_id, storage_options)
+        local = "://" not in table_uri or table_uri.startswith("file://")
+        path = table_uri.removeprefix("file://")
+        self.table_uri = os.path.abspath(path).rstrip("/") if local else table_uri.rstrip("/")
+        self.app_id = app_id or f"finalckpt-{sink_id}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments."""
+        return (
+            _rebuild,
+            (self.sink_id, self.table_uri, self.storage_options or None, self.app_id),
+        )
+
+    def _data_root(self) -> str:
+        return self.table_uri
+
+    def _open(self) -> DeltaTable | None:
+        """The table at its latest version; None if there is none yet."""
+        from deltalake import DeltaTable
+
+        options = self._string_options()
+        try:
+            if not DeltaTable.is_deltatable(self.table_uri, storage_options=options):
+                return None
+            return DeltaTable(self.table_uri, storage_options=options)
+        except Exception as exc:
+            raise SinkError(
+                f"sink {self.sink_id!r}: cannot open Delta table {self.table_uri}: "
+                f"{first_line(exc)}"
+            ) from exc
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def _check_schema(self, batch: dict[str, Any]) -> None:
+        table = self._open()
+        if table is None:
+            return  # the first commit creates the table from the staged files
+        problem = delta_schema_mismatch(json.loads(table.schema().to_json()), batch)
+        if problem is not None:
+            raise SinkError(
+                f"sink {self.sink_id!r}: Delta table {self.table_uri} has another schema: "
+                f"{problem}; nothing was written"
+            )
+
+    def _prepare_spark(self, df: pyspark.sql.DataFrame) -> pyspark.sql.DataFrame:
+        self._check_schema(df.schema.jsonValue())
+        return df
+
+    def _prepare_arrow(self, table: pyarrow.Table) -> pyarrow.Table:
+        import pyarrow as pa
+        from deltalake import Schema
+
+        fields = []
+        for field in table.schema:
+            if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
+                field = field.with_type(pa.timestamp("us", tz=field.type.tz))
+            fields.append(field)
+        table = table.cast(pa.schema(fields))
+        self._check_schema(json.loads(Schema.from_arrow(table.schema).to_json()))
+        return table
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def _commits_after(self, table: DeltaTable, version: int) -> list[dict[str, Any]]:
+        """commitInfo of the versions after ``version`` (newest first)."""
+        newer = table.version() - version
+        return [] if newer <= 0 else list(table.history(limit=newer))
+
+    def _mine(self, info: dict[str, Any]) -> str | None:
+        if info.get(SINK_ID_KEY) == self.sink_id and info.get(TXN_ID_KEY) is not None:
+            return str(info[TXN_ID_KEY])
+        return None
+
+    def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
+        """Only transactions whose commit was attempted (version noted in the manifest) can be
+        in the log; it is read from the earliest such version on."""
+        attempted = {
+            txn_id: int(manifest[VERSION_BEFORE_KEY])
+            for txn_id, manifest in candidates.items()
+            if manifest is not None and VERSION_BEFORE_KEY in manifest
+        }
+        if not attempted:
+            return set()
+        table = self._open()
+        if table is None:
+            return set()
+        found = {self._mine(info) for info in self._commits_after(table, min(attempted.values()))}
+        return set(attempted) & {txn_id for txn_id in found if txn_id is not None}
+
+    def _table_txn_ids(self) -> set[str]:
+        table = self._open()
+        if table is None:
+            return set()
+        return {t for t in map(self._mine, self._commits_after(table, -1)) if t is not None}
+
+    def _add_actions(self, txn_id: str, manifest: dict[str, Any]) -> list[Any]:
+        from deltalake.transaction import AddAction
+
+        now = int(time.time() * 1000)
+        prefix = f"{STAGING_DIR}/{self.sink_id}/{txn_id}"
+        return [
+            AddAction(
+                path=f"{prefix}/{entry['path']}",
+                size=int(entry["size"]),
+                partition_values={},
+                modification_time=now,
+                data_change=True,
+                stats=json.dumps({"numRecords": int(entry["rows"])}),
+            )
+            for entry in manifest["files"]
+        ]
+
+    def _files_schema(self, uris: list[str]) -> Any:
+        """The Delta schema of the staged files, every column nullable (from the first footer;
+        the writes checked them all against the table)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from deltalake import Schema
+
+        fs, path = self._fs(uris[0])
+        with fs.open(path, "rb") as handle:
+            arrow_schema = pq.read_schema(handle)
+        return Schema.from_arrow(pa.schema(f.with_nullable(True) for f in arrow_schema))
+
+    def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import create_table_with_add_actions
+
+        uris = self._require_files(txn_id, manifest)
+        actions = self._add_actions(txn_id, manifest)
+        schema = self._files_schema(uris)
+        for _attempt in range(COMMIT_ATTEMPTS):
+            table = self._open()
+            version = -1 if table is None else table.version()
+            if VERSION_BEFORE_KEY not in manifest:
+                manifest = {**manifest, VERSION_BEFORE_KEY: version}
+                self._save_manifest(txn_id, manifest)  # durable before the commit can happen
+            elif self._table_committed({txn_id: manifest}):
+                return False
+            if table is not None:
+                self._check_schema(json.loads(schema.to_json()))
+            app_version = 1 if table is None else (table.transaction_version(self.app_id) or 0) + 1
+            properties = CommitProperties(
+                custom_metadata={
+                    SINK_ID_KEY: self.sink_id,
+                    TXN_ID_KEY: txn_id,
+                    CHECKPOINT_ID_KEY: str(manifest.get("checkpoint_id")),
+                },
+                max_commit_retries=0,  # the log entry is created exclusively; we re-check
+                app_transactions=[Transaction(app_id=self.app_id, version=app_version)],
+            )
+            try:
+                if table is None:
+                    create_table_with_add_actions(
+                        self.table_uri,
+                        schema,
+                        actions,
+                        mode="error",
+                        storage_options=self._string_options(),
+                        commit_properties=properties,
+                    )
+                else:
+                    table.create_write_transaction(
+                        actions, mode="append", schema=table.schema(), commit_properties=properties
+                    )
+                return True
+            except CommitFailedError:
+                continue  # another writer took this version: re-read the log, retry
+            except Exception as exc:
+                if table is None and self._open() is not None:
+                    continue  # another writer created the table meanwhile
+                raise SinkError(
+                    f"sink {self.sink_id!r}: Delta commit of {txn_id!r} to {self.table_uri} "
+                    f"failed: {first_line(exc)} (nothing was committed; retry when fixed)"
+                ) from exc
+        raise SinkError(
+            f"sink {self.sink_id!r}: gave up committing {txn_id!r} to {self.table_uri} after "
+            f"{COMMIT_ATTEMPTS} conflicting concurrent commits; nothing was committed, retry"
+        )
+
+    def _string_options(self) -> dict[str, str] | None:
+        return {str(k): str(v) for k, v in self.storage_options.items()} or None
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def table(self) -> DeltaTable | None:
+        """The deltalake table at its latest version, for readers; None if absent."""
+        return self._open()
+
+    def read_arrow(self) -> pyarrow.Table:
+        """The table's latest version, as Arrow (small tables)."""
+        import pyarrow as pa
+
+        table = self._open()
+        return pa.table({}) if table is None else pa.table(table.to_pyarrow_table())
+
+    def __repr__(self) -> str:
+        return f"DeltaTableSink(sink_id={self.sink_id!r}, table_uri={self.table_uri!r})"
+
+
+def _rebuild(
+    sink_id: str, table_uri: str, storage_options: dict[str, Any] | None, app_id: str
+) -> DeltaTableSink:
+    return DeltaTableSink(sink_id, table_uri, storage_options, app_id=app_id)

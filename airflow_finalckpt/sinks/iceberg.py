@@ -1,0 +1,352 @@
+"""An Apache Iceberg table: Spark stages Parquet data files, pyiceberg appends them in one snapshot.
+
+- write: the table is created from the first batch if absent (every column optional); a table
+  with another schema is refused before any file is written. Spark writes the files under
+  ``<data location>/finalckpt/<sink_id>/<txn_id>/`` with the table's field ids and microsecond
+  timestamps; no snapshot references them, so no reader sees them.
+- precommit: the files are listed and sealed in a manifest beside them (see ``staged``).
+- commit: ONE fast-append snapshot adds the files (metadata only: pyiceberg reads the Parquet
+  footers for the column statistics, never the data), with ``finalckpt.txn-id`` in the snapshot
+  summary. A replayed commit finds the id in the table's snapshot history and does nothing; a
+  commit racing another writer retries on the catalog's optimistic-concurrency failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.sinks.base import SinkError
+from airflow_finalckpt.sinks.staged import (
+    CHECKPOINT_ID_KEY,
+    COMMIT_ATTEMPTS,
+    SINK_ID_KEY,
+    TXN_ID_KEY,
+    StagedTableSink,
+    first_line,
+)
+
+if TYPE_CHECKING:
+    import pyarrow
+    import pyspark.sql
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
+    from pyiceberg.types import IcebergType
+
+NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
+DATA_PATH_PROPERTY = "write.data.path"
+
+
+def _shape(kind: IcebergType) -> str:
+    """A type without its field ids, to compare schemas across tables."""
+    from pyiceberg.types import ListType, MapType, StructType
+
+    if isinstance(kind, StructType):
+        return "struct<" + ", ".join(f"{f.name}: {_shape(f.field_type)}" for f in kind.fields) + ">"
+    if isinstance(kind, ListType):
+        return f"list<{_shape(kind.element_type)}>"
+    if isinstance(kind, MapType):
+        return f"map<{_shape(kind.key_type)}, {_shape(kind.value_type)}>"
+    return str(kind)
+
+
+def schema_mismatch(table: Schema, batch: Schema) -> str | None:
+    """Why a batch with schema ``batch`` cannot go into a table with ``table``; None if it can."""
+    have = {f.name: f for f in table.fields}
+    got = {f.name: f for f in batch.fields}
+    problems = []
+    if missing := [name for name in have if name not in got]:
+        problems.append(f"batch lacks columns {missing}")
+    if extra := [name for name in got if name not in have]:
+        problems.append(f"table has no columns {extra}")
+    changed = [
+        f"{name} {_shape(have[name].field_type)} vs {_shape(got[name].field_type)}"
+        for name in have.keys() & got.keys()
+        if _shape(have[name].field_type) != _shape(got[name].field_type)
+    ]
+    if changed:
+        problems.append(f"types differ (table vs batch): {sorted(changed)}")
+    nullable = [n for n in have.keys() & got.keys() if have[n].required and not got[n].required]
+    if nullable:
+        problems.append(f"columns {sorted(nullable)} are required in the table, nullable here")
+    return "; ".join(problems) or None
+
+
+class IcebergTableSink(StagedTableSink):
+    """Two-phase-commit sink appending to the Iceberg table ``table`` (``namespace.name``).
+
+    ``catalog``: None for pyiceberg's SQL catalog on ``<warehouse>/catalog.db`` (SQLite); a
+    SQLAlchemy URL for a SQL catalog on that database; or pyiceberg catalog properties
+    (``{"type": "rest", "uri": ...}``, Hive, Glue...). ``warehouse`` is where new tables go.
+    """
+
+    def __init__(
+        self,
+        sink_id: str,
+        table: str,
+        *,
+        warehouse: str | None = None,
+        catalog: str | Mapping[str, str] | None = None,
+        catalog_name: str = "finalckpt",
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(sink_id, storage_options)
+        if table.count(".") < 1 or not all(table.split(".")):
+            raise ConfigurationError(f"Iceberg table {table!r} must be 'namespace.name'")
+        self.table_name = table
+        self.warehouse = warehouse
+        self.catalog_config = catalog if isinstance(catalog, str | None) else dict(catalog)
+        self.catalog_name = catalog_name
+        self._properties = self._catalog_properties()
+        self._catalog_cache: Catalog | None = None
+        self._root_cache: str | None = None
+
+    def _catalog_properties(self) -> dict[str, str]:
+        config = self.catalog_config
+        if isinstance(config, dict):
+            properties = dict(config)
+        else:
+            if config is None:
+                if self.warehouse is None or "://" in self.warehouse.removeprefix("file://"):
+                    raise ConfigurationError(
+                        "IcebergTableSink needs a local warehouse for its default SQLite "
+                        "catalog, or catalog= (a SQLAlchemy URL or catalog properties)"
+                    )
+                config = f"sqlite:///{self.warehouse.removeprefix('file://')}/catalog.db"
+            properties = {"type": "sql", "uri": config}
+        if self.warehouse is not None:
+            properties.setdefault("warehouse", self.warehouse)
+        return properties
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments; the
+        catalog properties may hold credentials, so treat the pickle as a secret."""
+        return (_rebuild, (self.sink_id, self.table_name, self._arguments()))
+
+    def _arguments(self) -> dict[str, Any]:
+        return {
+            "warehouse": self.warehouse,
+            "catalog": self.catalog_config,
+            "catalog_name": self.catalog_name,
+            "storage_options": self.storage_options,
+        }
+
+    def _describe_catalog(self) -> str:
+        kind = self._properties.get("type", "catalog")
+        where = self._properties.get("uri", "")
+        if "@" in where:  # user:password@host
+            where = where.split("://", 1)[0] + "://***@" + where.rsplit("@", 1)[1]
+        return f"Iceberg {kind} catalog {where}".strip()
+
+    def _catalog_error(self, doing: str, exc: Exception) -> SinkError:
+        return SinkError(
+            f"sink {self.sink_id!r}: {self._describe_catalog()} failed while {doing} table "
+            f"{self.table_name!r}: {first_line(exc)} (nothing was committed; retry when fixed)"
+        )
+
+    def _catalog(self) -> Catalog:
+        if self._catalog_cache is None:
+            from pyiceberg.catalog import load_catalog
+
+            try:
+                if self._properties.get("type") == "sql" and self.warehouse is not None:
+                    self._make_local_warehouse()
+                self._catalog_cache = load_catalog(self.catalog_name, **self._properties)
+            except SinkError:
+                raise
+            except Exception as exc:
+                raise self._catalog_error("opening the catalog for", exc) from exc
+        return self._catalog_cache
+
+    def _make_local_warehouse(self) -> None:
+        import os
+
+        assert self.warehouse is not None
+        if "://" not in self.warehouse.removeprefix("file://"):
+            try:
+                os.makedirs(self.warehouse.removeprefix("file://"), exist_ok=True)
+            except OSError as exc:
+                raise self._catalog_error("creating the warehouse of", exc) from exc
+
+    def _load(self, create_from: pyarrow.Schema | None = None) -> Table | None:
+        """The table, freshly loaded; created from ``create_from`` if absent (else None)."""
+        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+
+        catalog = self._catalog()
+        try:
+            try:
+                return catalog.load_table(self.table_name)
+            except NoSuchTableError:
+                if create_from is None:
+                    return None
+            catalog.create_namespace_if_not_exists(self.table_name.rsplit(".", 1)[0])
+            import pyarrow as pa
+
+            optional = pa.schema([field.with_nullable(True) for field in create_from])
+            try:
+                return catalog.create_table(self.table_name, schema=optional)
+            except TableAlreadyExistsError:  # another writer created it meanwhile
+                return catalog.load_table(self.table_name)
+        except Exception as exc:
+            doing = "loading" if create_from is None else "creating"
+            raise self._catalog_error(doing, exc) from exc
+
+    def _data_root(self) -> str | None:
+        if self._root_cache is None:  # a table's location does not move: look it up once
+            table = self._load()
+            if table is None:
+                return None
+            location = f"{table.location().rstrip('/')}/data"
+            self._root_cache = table.properties.get(DATA_PATH_PROPERTY) or location
+        return self._root_cache
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def _checked_table(self, arrow_schema: pyarrow.Schema) -> Table:
+        """Create the table from the batch if absent; refuse a batch of another schema."""
+        from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+
+        table = self._load(create_from=arrow_schema)
+        assert table is not None  # created from the batch at the latest
+        try:
+            batch = _pyarrow_to_schema_without_ids(arrow_schema)
+        except (ValueError, TypeError) as exc:
+            raise SinkError(
+                f"sink {self.sink_id!r}: the batch has a type Iceberg cannot store: "
+                f"{first_line(exc)}"
+            ) from exc
+        problem = schema_mismatch(table.schema(), batch)
+        if problem is not None:
+            raise SinkError(
+                f"sink {self.sink_id!r}: Iceberg table {self.table_name!r} has another schema: "
+                f"{problem}; nothing was written"
+            )
+        return table
+
+    @staticmethod
+    def _flat_ids(table: Table) -> dict[str, int] | None:
+        """Top-level field ids, if every column is primitive: Java Iceberg reads a file that
+        has ids on some fields only by ids, dropping nested values; the name mapping (set at
+        commit) serves files without ids."""
+        fields = table.schema().fields
+        if any(not field.field_type.is_primitive for field in fields):
+            return None
+        return {field.name: field.field_id for field in fields}
+
+    def _prepare_spark(self, df: pyspark.sql.DataFrame) -> pyspark.sql.DataFrame:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        try:
+            arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+        except (TypeError, AssertionError) as exc:
+            raise SinkError(
+                f"sink {self.sink_id!r}: the batch has a type Iceberg cannot store: {exc}"
+            ) from exc
+        ids = self._flat_ids(self._checked_table(arrow_schema))
+        if ids is None:
+            return df
+        return df.select(
+            *(F.col(f"`{n}`").alias(n, metadata={"parquet.field.id": ids[n]}) for n in df.columns)
+        )
+
+    def _prepare_arrow(self, table: pyarrow.Table) -> pyarrow.Table:
+        import pyarrow as pa
+
+        fields = []
+        for field in table.schema:
+            if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
+                field = field.with_type(pa.timestamp("us", tz=field.type.tz))
+            fields.append(field)
+        table = table.cast(pa.schema(fields))
+        ids = self._flat_ids(self._checked_table(table.schema))
+        if ids is None:
+            return table
+        return table.cast(
+            pa.schema(
+                f.with_metadata({b"PARQUET:field_id": str(ids[f.name]).encode()})
+                for f in table.schema
+            )
+        )
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def _summary_txn_ids(self, table: Table) -> set[str]:
+        return {
+            str(snapshot.summary[TXN_ID_KEY])
+            for snapshot in table.snapshots()
+            if snapshot.summary is not None
+            and snapshot.summary.get(SINK_ID_KEY) == self.sink_id
+            and snapshot.summary.get(TXN_ID_KEY) is not None
+        }
+
+    def _table_txn_ids(self) -> set[str]:
+        table = self._load()
+        return set() if table is None else self._summary_txn_ids(table)
+
+    def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
+        return set(candidates) & self._table_txn_ids()
+
+    def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        uris = self._require_files(txn_id, manifest)
+        summary = {
+            SINK_ID_KEY: self.sink_id,
+            TXN_ID_KEY: txn_id,
+            CHECKPOINT_ID_KEY: str(manifest.get("checkpoint_id")),
+        }
+        for _attempt in range(COMMIT_ATTEMPTS):
+            table = self._load()
+            if table is None:
+                raise SinkError(f"sink {self.sink_id!r}: table {self.table_name!r} was dropped")
+            if txn_id in self._summary_txn_ids(table):
+                return False
+            try:
+                files = [parquet_file_to_data_file(table.io, table.metadata, u) for u in uris]
+            except ValueError as exc:  # the table's schema changed since the files were written
+                raise SinkError(
+                    f"sink {self.sink_id!r}: the staged files of {txn_id!r} do not match "
+                    f"table {self.table_name!r} any more: {first_line(exc)}; nothing was committed"
+                ) from exc
+            try:
+                with table.transaction() as transaction:
+                    if table.metadata.name_mapping() is None:
+                        mapping = table.schema().name_mapping.model_dump_json()
+                        transaction.set_properties({NAME_MAPPING_PROPERTY: mapping})
+                    update = transaction.update_snapshot(snapshot_properties=summary)
+                    with update.fast_append() as append:
+                        for data_file in files:
+                            append.append_data_file(data_file)
+                return True
+            except CommitFailedException:
+                continue  # another writer committed first: reload, re-check, retry
+            except Exception as exc:
+                raise self._catalog_error("committing to", exc) from exc
+        raise SinkError(
+            f"sink {self.sink_id!r}: gave up committing {txn_id!r} to {self.table_name!r} after "
+            f"{COMMIT_ATTEMPTS} conflicting concurrent commits; nothing was committed, retry"
+        )
+
+    # -- readers -----------------------------------------------------------------------------
+
+    def table(self) -> Table | None:
+        """The pyiceberg table (freshly loaded), for readers; None if absent."""
+        return self._load()
+
+    def read_arrow(self) -> pyarrow.Table:
+        """The table's current snapshot, as Arrow (small tables)."""
+        import pyarrow as pa
+
+        table = self._load()
+        return pa.table({}) if table is None else table.scan().to_arrow()
+
+    def __repr__(self) -> str:
+        return f"IcebergTableSink(sink_id={self.sink_id!r}, table={self.table_name!r})"
+
+
+def _rebuild(sink_id: str, table: str, arguments: dict[str, Any]) -> IcebergTableSink:
+    return IcebergTableSink(sink_id, table, **arguments)
