@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_finalckpt.faults.concurrent import CONCURRENT
 from airflow_finalckpt.faults.fake import FAKE_STAGES, FakeData
 from airflow_finalckpt.faults.injector import FaultSpec, read_events
 from airflow_finalckpt.faults.points import FAILING_ACTIONS, POINTS, Action
@@ -93,6 +94,9 @@ class RunPlan:
     retain_checkpoints: int
     checkpoint_timeout_s: float
     fake: dict[str, int] | None = None
+    #: Concurrent runs: the graph shape (faults.shapes.SHAPES) and the stage ``kills`` apply to.
+    shape: str | None = None
+    kill_stage: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -298,6 +302,12 @@ class RunReport:
     known: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     error: str | None = None
+    #: Concurrent runs: the run outlived its timeout (or an attempt its own).
+    hung: bool = False
+    #: Concurrent runs: stages that closed on a later checkpoint while an earlier candidate was
+    #: still pending (FLIP-147's "43 completes first"), and all closes past a failed candidate.
+    out_of_order: int = 0
+    late_closes: int = 0
 
     def known_issues(self) -> dict[str, list[str]]:
         merged = {k: list(v) for k, v in self.known.items()}
@@ -319,6 +329,8 @@ class RunReport:
 
     def problems(self) -> list[str]:
         found = [] if self.verdict is None else self.verdict.problems()
+        if self.hung:
+            found.append("hung: the run or an attempt did not end within its timeout")
         if not self.completed:
             found.append("the pipeline did not complete after its recovery attempts")
         found += [f"unexpected: {x}" for x in self.unexpected]
@@ -337,6 +349,9 @@ class RunReport:
             "stale_commits": self.stale_commits,
             "known_issues": self.known_issues(),
             "seconds": round(self.seconds, 2),
+            "hung": self.hung,
+            "out_of_order": self.out_of_order,
+            "late_closes": self.late_closes,
             "problems": self.problems(),
         }
 
@@ -388,9 +403,16 @@ class Environment:
         import pandas as pd
 
         key = json.dumps(plan.fake, sort_keys=True) if plan.kind == FAKE else SPARK
+        if plan.kind == CONCURRENT:
+            key = f"{CONCURRENT}:{plan.shape}"
         with self._lock:
             if key not in self._expected:
-                if plan.kind == FAKE:
+                if plan.kind == CONCURRENT:
+                    from airflow_finalckpt.faults.shapes import SHAPES, reference_rows
+
+                    assert plan.shape is not None
+                    self._expected[key] = pd.DataFrame(reference_rows(SHAPES[plan.shape]))
+                elif plan.kind == FAKE:
                     from airflow_finalckpt.faults.fake import reference_windows
 
                     data = FakeData(**(plan.fake or {}))
@@ -624,6 +646,7 @@ class CampaignResult:
         return {
             "runs": len(self.reports),
             "fake_runs": sum(1 for r in self.reports if r.plan.kind == FAKE),
+            "concurrent_runs": sum(1 for r in self.reports if r.plan.kind == CONCURRENT),
             "spark_runs": sum(1 for r in self.reports if r.plan.kind == SPARK),
             "external_runs": sum(1 for r in self.reports if r.plan.purpose.startswith("external")),
             "faulted_runs": sum(1 for r in self.reports if r.faulted),
@@ -645,11 +668,14 @@ class CampaignResult:
             "broken": sum(len(v.broken) for v in verdicts),
             "unclosed": sum(len(v.unclosed) for v in verdicts),
             "unrecovered": sum(1 for r in self.reports if not r.completed),
+            "hung": sum(1 for r in self.reports if r.hung),
+            "out_of_order": sum(r.out_of_order for r in self.reports),
             "unexpected": sum(len(r.unexpected) for r in self.reports),
             "stale_commits": sum(len(r.stale_commits) for r in self.reports),
             "errors": sum(1 for r in self.reports if r.error),
             "garbage_units": sum(v.garbage_units or 0 for v in verdicts),
             "known_issues": dict(sorted(self.known_issues().items())),
+            "shapes": shape_figures(self.reports),
             "seconds": round(self.seconds, 1),
         }
 
@@ -665,6 +691,7 @@ class CampaignResult:
         "broken",
         "unclosed",
         "unrecovered",
+        "hung",
         "unexpected",
         "stale_commits",
         "errors",
@@ -698,18 +725,23 @@ class CampaignResult:
         actions = ", ".join(f"{a} {n}" for a, n in f["faults_by_action"].items())
         known = ", ".join(f"{k} {n}" for k, n in f["known_issues"].items())
         external = f", {f['external_runs']} external" if f["external_runs"] else ""
-        return (
-            f"fault campaign seed={self.seed} store={self.store}: {f['runs']} runs "
-            f"({f['fake_runs']} fake, {f['spark_runs']} spark{external}), "
-            f"{f['faulted_runs']} faulted "
-            f"({f['faulted_spark_runs']} spark), {f['faults']} faults ({actions}) at "
-            f"{f['points_fired']}/{f['points_total']} points, {f['attempts']} attempts | "
-            f"lost {f['lost']}, duplicated {f['duplicated']}, wrong {f['wrong']}, "
-            f"orphaned {f['orphaned']}, double-committed {f['double_committed']}, "
-            f"leaked {f['leaked']}, pending {f['pending']}, broken {f['broken']}, "
-            f"unrecovered {f['unrecovered']}, unexpected {f['unexpected']}, "
-            f"stale commits {f['stale_commits']} | known issues: {known or 'none'} | "
-            f"{f['seconds']:.0f} s"
+        concurrent = f", {f['concurrent_runs']} concurrent" if f["concurrent_runs"] else ""
+        lines = [f"  {line}" for line in shape_lines(f["shapes"])]
+        return "\n".join(
+            [
+                f"fault campaign seed={self.seed} store={self.store}: {f['runs']} runs "
+                f"({f['fake_runs']} fake, {f['spark_runs']} spark{concurrent}{external}), "
+                f"{f['faulted_runs']} faulted "
+                f"({f['faulted_spark_runs']} spark), {f['faults']} faults ({actions}) at "
+                f"{f['points_fired']}/{f['points_total']} points, {f['attempts']} attempts | "
+                f"lost {f['lost']}, duplicated {f['duplicated']}, wrong {f['wrong']}, "
+                f"orphaned {f['orphaned']}, double-committed {f['double_committed']}, "
+                f"leaked {f['leaked']}, pending {f['pending']}, broken {f['broken']}, "
+                f"unrecovered {f['unrecovered']}, hung {f['hung']}, unexpected {f['unexpected']}, "
+                f"stale commits {f['stale_commits']} | known issues: {known or 'none'} | "
+                f"{f['seconds']:.0f} s",
+                *lines,
+            ]
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -732,6 +764,109 @@ class CampaignResult:
             },
             "runs": [r.to_dict() for r in self.reports],
         }
+
+
+def shape_figures(reports: Sequence[RunReport]) -> dict[str, dict[str, Any]]:
+    """Per graph shape of the concurrent runs: runs, faults, points, out-of-order closes and the
+    figures that must be zero."""
+    shapes: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        if report.plan.kind != CONCURRENT or report.plan.shape is None:
+            continue
+        f = shapes.setdefault(
+            report.plan.shape,
+            {
+                "runs": 0,
+                "faulted": 0,
+                "faults": 0,
+                "attempts": 0,
+                "points": set(),
+                "stage_points": set(),
+                "out_of_order": 0,
+                "out_of_order_runs": 0,
+                "late_closes": 0,
+                "lost": 0,
+                "duplicated": 0,
+                "wrong": 0,
+                "orphaned": 0,
+                "double_committed": 0,
+                "leaked": 0,
+                "pending": 0,
+                "broken": 0,
+                "unrecovered": 0,
+                "hung": 0,
+                "unexpected": 0,
+                "stale_commits": 0,
+            },
+        )
+        v = report.verdict
+        f["runs"] += 1
+        f["faulted"] += int(report.faulted)
+        f["faults"] += len(report.fired) + report.kills
+        f["attempts"] += len(report.attempts)
+        f["points"] |= {e["point"] for e in report.fired}
+        f["stage_points"] |= {(e["stage"], e["point"]) for e in report.fired}
+        f["out_of_order"] += report.out_of_order
+        f["out_of_order_runs"] += int(report.out_of_order > 0)
+        f["late_closes"] += report.late_closes
+        if v is not None:
+            f["lost"] += v.lost
+            f["duplicated"] += v.duplicated
+            f["wrong"] += v.wrong
+            f["orphaned"] += len(v.orphaned)
+            f["double_committed"] += len(v.double_committed)
+            f["leaked"] += len(v.leaked)
+            f["pending"] += len(v.pending)
+            f["broken"] += len(v.broken)
+        f["unrecovered"] += int(not report.completed)
+        f["hung"] += int(report.hung)
+        f["unexpected"] += len(report.unexpected)
+        f["stale_commits"] += len(report.stale_commits)
+    for f in shapes.values():
+        f["points"] = len(f["points"])
+        f["stage_points"] = len(f["stage_points"])
+    return dict(sorted(shapes.items()))
+
+
+def shape_lines(shapes: dict[str, dict[str, Any]]) -> list[str]:
+    """One summary line per concurrent graph shape."""
+    from airflow_finalckpt.faults.concurrent import stage_points
+    from airflow_finalckpt.faults.shapes import SHAPES
+
+    lines = []
+    for name, f in shapes.items():
+        shape = SHAPES[name]
+        pairs = sum(len(stage_points(shape, sid)) for sid in shape.stage_ids)
+        lines.append(
+            f"{name}: {f['runs']} runs, {f['faulted']} faulted, {f['faults']} faults at "
+            f"{f['points']}/{len(POINTS)} points ({f['stage_points']}/{pairs} stage points), "
+            f"{f['attempts']} attempts, out-of-order completions {f['out_of_order']} "
+            f"(in {f['out_of_order_runs']} runs; {f['late_closes']} closes past a failed "
+            f"candidate) | lost {f['lost']}, duplicated {f['duplicated']}, wrong {f['wrong']}, "
+            f"orphaned {f['orphaned']}, double-committed {f['double_committed']}, "
+            f"leaked {f['leaked']}, pending {f['pending']}, broken {f['broken']}, "
+            f"unrecovered {f['unrecovered']}, hung {f['hung']}, unexpected {f['unexpected']}, "
+            f"stale commits {f['stale_commits']}"
+        )
+    return lines
+
+
+def _concurrent_lane(
+    env: Environment,
+    plans: list[RunPlan],
+    reports: list[RunReport],
+    progress: Callable[[RunReport], None] | None,
+) -> None:
+    from airflow_finalckpt.faults.concurrent import execute_concurrent_run
+
+    for plan in plans:
+        try:
+            report = execute_concurrent_run(env, plan)
+        except Exception as exc:  # a harness failure must not hide the other runs
+            report = RunReport(plan, error=f"{type(exc).__name__}: {exc}")
+        reports.append(report)
+        if progress is not None:
+            progress(report)
 
 
 def _lane(
@@ -789,10 +924,18 @@ def run_campaign(
     gc_grace_s: float | None = 0.0,
     progress: Callable[[RunReport], None] | None = None,
     external: Sequence[str] = (),
+    concurrent_runs: int = 0,
+    shapes: Sequence[str] | None = None,
+    concurrent_lanes: int = 1,
 ) -> CampaignResult:
-    """Plan and execute a campaign; Spark runs and fake runs go in parallel lanes, then the
+    """Plan and execute a campaign; Spark runs, fake runs and ``concurrent_runs`` on branching
+    graphs (see :mod:`airflow_finalckpt.faults.concurrent`) go in parallel lanes, then the
     ``external`` scenarios (see :mod:`airflow_finalckpt.faults.external`) one after another."""
-    plans = plan_campaign(runs, seed, spark_runs) if runs or not external else []
+    from airflow_finalckpt.faults.concurrent import plan_concurrent
+    from airflow_finalckpt.faults.shapes import SHAPES
+
+    plans = plan_campaign(runs, seed, spark_runs) if runs else []
+    concurrent_plans = plan_concurrent(concurrent_runs, seed, runs, tuple(shapes or SHAPES))
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     start = time.monotonic()
     root = (
@@ -817,13 +960,23 @@ def run_campaign(
         threading.Thread(target=_lane, args=(env, share, kind, reports, progress), daemon=True)
         for kind, share in lanes
     ]
+    count = max(1, concurrent_lanes)
+    threads += [
+        threading.Thread(
+            target=_concurrent_lane,
+            args=(env, concurrent_plans[lane::count], reports, progress),
+            daemon=True,
+        )
+        for lane in range(count)
+        if concurrent_plans[lane::count]
+    ]
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         if external:
-            reports += _external_lane(env, external, runs, progress)
+            reports += _external_lane(env, external, runs + concurrent_runs, progress)
     finally:
         env.cleanup()
     reports.sort(key=lambda r: r.plan.index)
@@ -854,11 +1007,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run external-fault scenarios, comma-separated: disk-full, store-restart, "
         "stop-savepoint, stop-drain, stop (both stops), all",
     )
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        default=0,
+        help="runs on branching graphs whose stages run at the same time (one process each)",
+    )
+    parser.add_argument(
+        "--shapes",
+        default="diamond,fan,wide",
+        help="graph shapes of the concurrent runs, comma-separated: diamond, fan, wide",
+    )
+    parser.add_argument(
+        "--concurrent-lanes", type=int, default=1, help="concurrent runs at the same time"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per run")
     args = parser.parse_args(argv)
     external = [name for name in args.external.split(",") if name]
-    if args.runs < (0 if external else 1):
-        parser.error("--runs must be >= 1 (or >= 0 with --external)")
+    if args.runs < (0 if external or args.concurrent else 1):
+        parser.error("--runs must be >= 1 (or >= 0 with --external or --concurrent)")
+    shapes = [name for name in args.shapes.split(",") if name]
+    from airflow_finalckpt.faults.shapes import SHAPES
+
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown or not shapes:
+        parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
     try:
         from airflow_finalckpt.faults.external import expand_names
 
@@ -872,7 +1045,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) or ("random kill" if report.kills else "no fault fired")
         status = "ok" if not report.problems() else "PROBLEMS"
         purpose = report.plan.purpose
-        label = f"{purpose}: " if purpose.startswith("external") else ""
+        label = f"{purpose}: " if purpose.startswith(("external", "concurrent")) else ""
+        if report.out_of_order:
+            label += f"{report.out_of_order} out-of-order; "
         print(
             f"{report.plan.run_id} {report.plan.kind:5} {len(report.attempts)} attempts "
             f"{report.seconds:5.1f} s {status}: {label}{fired}",
@@ -893,6 +1068,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc_grace_s=args.gc_grace,
         progress=progress if args.verbose else None,
         external=external,
+        concurrent_runs=args.concurrent,
+        shapes=shapes,
+        concurrent_lanes=args.concurrent_lanes,
     )
     print(result.summary(), flush=True)
     for report in result.reports:

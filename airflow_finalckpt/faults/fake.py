@@ -61,9 +61,11 @@ class FakeData:
     window: int = 30
     #: Watermark = max event seen - lateness; > rows_per_split - 10 keeps every row on time.
     lateness: int = 5
+    #: Index of the first split: a second source continues where the first one's events end.
+    first: int = 0
 
     def split_ids(self) -> tuple[str, ...]:
-        return tuple(f"p{i:03d}" for i in range(self.splits))
+        return tuple(f"p{i:03d}" for i in range(self.first, self.first + self.splits))
 
     def rows(self, split_id: str) -> list[dict[str, Any]]:
         i = int(split_id[1:])
@@ -83,6 +85,7 @@ class FakeData:
             "keys": self.keys,
             "window": self.window,
             "lateness": self.lateness,
+            "first": self.first,
         }
 
 

@@ -1,0 +1,217 @@
+"""Branching graphs for the concurrent fault campaign: diamond, fan-out/fan-in and wide.
+
+The stages reuse the fake pipeline's logic (:mod:`airflow_finalckpt.faults.fake`): sources
+generate rows, ``agg`` stages keep event-time windows, ``relay`` stages pass rows through (a
+join of several upstream stages is a relay: its splits are all their output parts) and
+``publish`` stages stage every row they read in the run's two sinks. Every agg writes its window
+rows with its own key prefix, so all publishers share the sinks and :func:`reference_rows`
+computes the one expected table straight from the generators, without any stage code.
+
+- ``diamond``: ``a -> b, a -> c, b + c -> d``: two windowed branches run at once and fan in.
+- ``fan``: two sources ``s1, s2 -> join``, then a short branch ``join -> wa -> pa`` and a long
+  one ``join -> wb -> rb -> pb``: two publishers, finishing at different times.
+- ``wide``: ``src -> x, y, z -> pub``: three branches at once. A checkpoint that stays pending
+  while a later one completes needs three running stages (see ``docs/guarantees.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.faults.fake import (
+    COLUMNS,
+    AggLogic,
+    FakeData,
+    GenLogic,
+    PublishLogic,
+    _FakeLogic,
+)
+from airflow_finalckpt.runtime.runner import Batch, BatchOutput
+from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+from airflow_finalckpt.storage import CheckpointStorage
+
+SOURCE = "source"
+AGG = "agg"
+RELAY = "relay"
+PUBLISH = "publish"
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One stage of a shape: its role, its upstream stages (in split order) and parameters."""
+
+    stage_id: str
+    role: str
+    upstream: tuple[str, ...] = ()
+    #: Sources: the generated input.
+    data: FakeData | None = None
+    #: Aggs: window length and the prefix of their keys in the sinks.
+    window: int = 30
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    stages: tuple[StageDef, ...]
+    #: Three or more stages that run side by side (same upstream): what it takes for a
+    #: checkpoint to stay pending while a later one completes (the planner's straggler runs).
+    parallel: tuple[str, ...] = ()
+
+    @property
+    def stage_ids(self) -> tuple[str, ...]:
+        return tuple(s.stage_id for s in self.stages)
+
+    def stage(self, stage_id: str) -> StageDef:
+        return next(s for s in self.stages if s.stage_id == stage_id)
+
+    def graph(self) -> StageGraph:
+        edges = [(up, s.stage_id) for s in self.stages for up in s.upstream]
+        return StageGraph.from_edges(self.stage_ids, edges)
+
+    def roles(self, *roles: str) -> tuple[str, ...]:
+        return tuple(s.stage_id for s in self.stages if s.role in roles)
+
+    def sources_of(self, stage_id: str) -> list[StageDef]:
+        """The source stages feeding ``stage_id``, in split order (depth first)."""
+        stage = self.stage(stage_id)
+        if stage.role == SOURCE:
+            return [stage]
+        found: list[StageDef] = []
+        for up in stage.upstream:
+            found += [s for s in self.sources_of(up) if s not in found]
+        return found
+
+
+_DATA = FakeData(splits=6)
+_SECOND = FakeData(splits=4, keys=4, first=6)
+
+SHAPES: dict[str, Shape] = {
+    "diamond": Shape(
+        "diamond",
+        (
+            StageDef("a", SOURCE, data=_DATA),
+            StageDef("b", AGG, ("a",), window=30, prefix="b:"),
+            StageDef("c", AGG, ("a",), window=20, prefix="c:"),
+            StageDef("d", PUBLISH, ("b", "c")),
+        ),
+    ),
+    "fan": Shape(
+        "fan",
+        (
+            StageDef("s1", SOURCE, data=_DATA),
+            StageDef("s2", SOURCE, data=_SECOND),
+            StageDef("join", RELAY, ("s1", "s2")),
+            StageDef("wa", AGG, ("join",), window=30, prefix="a:"),
+            StageDef("pa", PUBLISH, ("wa",)),
+            StageDef("wb", AGG, ("join",), window=20, prefix="b:"),
+            StageDef("rb", RELAY, ("wb",)),
+            StageDef("pb", PUBLISH, ("rb",)),
+        ),
+    ),
+    "wide": Shape(
+        "wide",
+        (
+            StageDef("src", SOURCE, data=FakeData(splits=8)),
+            StageDef("x", AGG, ("src",), window=30, prefix="x:"),
+            StageDef("y", AGG, ("src",), window=20, prefix="y:"),
+            StageDef("z", AGG, ("src",), window=40, prefix="z:"),
+            StageDef("pub", PUBLISH, ("x", "y", "z")),
+        ),
+        parallel=("x", "y", "z"),
+    ),
+}
+
+
+class PrefixedAgg(AggLogic):
+    """Event-time windows whose sink keys carry the stage's prefix (branches share sinks)."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        pipeline_key: str,
+        stage_id: str,
+        data: FakeData,
+        prefix: str,
+    ) -> None:
+        super().__init__(storage, pipeline_key, stage_id, data)
+        self.prefix = prefix
+
+    def _fire(self, until: int) -> list[dict[str, Any]]:
+        return [{**row, "key": self.prefix + row["key"]} for row in super()._fire(until)]
+
+
+class RelayLogic(_FakeLogic):
+    """Passes the rows of its splits (upstream parts) on as its own parts: a join, a map."""
+
+    def process(self, batch: Batch, txn_ids: Any) -> BatchOutput:
+        return BatchOutput(parts=(self.write_part(batch.key, self.read_parts(batch.splits)),))
+
+    def finish(self, drain: bool, txn_ids: Any) -> BatchOutput:
+        return BatchOutput()
+
+
+def make_logic(
+    shape: Shape,
+    stage_id: str,
+    storage: CheckpointStorage,
+    pipeline_key: str,
+    sinks: Sequence[TwoPhaseCommitSink],
+) -> _FakeLogic:
+    stage = shape.stage(stage_id)
+    if stage.role == SOURCE:
+        assert stage.data is not None
+        return GenLogic(storage, pipeline_key, stage_id, stage.data)
+    if stage.role == AGG:
+        # window length from the stage; lateness from the source data (rows stay on time)
+        data = FakeData(window=stage.window)
+        return PrefixedAgg(storage, pipeline_key, stage_id, data, stage.prefix)
+    if stage.role == RELAY:
+        return RelayLogic(storage, pipeline_key, stage_id)
+    return PublishLogic(storage, pipeline_key, stage_id, sinks)
+
+
+def windows(rows: Sequence[dict[str, Any]], window: int, prefix: str) -> list[dict[str, Any]]:
+    """Tumbling windows per key, computed without any stage code."""
+    acc: dict[tuple[str, int], list[int]] = {}
+    for row in rows:
+        start = row["event"] // window * window
+        a = acc.setdefault((prefix + row["key"], start), [0, 0, row["event"], row["event"]])
+        a[0] += 1
+        a[1] += row["value"]
+        a[2] = min(a[2], row["event"])
+        a[3] = max(a[3], row["event"])
+    return [
+        dict(zip(COLUMNS, (key, start, *a), strict=True)) for (key, start), a in sorted(acc.items())
+    ]
+
+
+def reference_rows(shape: Shape) -> list[dict[str, Any]]:
+    """What the sinks must hold after a run of ``shape``: every agg's windows over the rows of
+    the sources feeding it."""
+    expected: list[dict[str, Any]] = []
+    for stage in shape.stages:
+        if stage.role != AGG:
+            continue
+        rows = [
+            row
+            for source in shape.sources_of(stage.stage_id)
+            if source.data is not None
+            for split in source.data.split_ids()
+            for row in source.data.rows(split)
+        ]
+        expected += windows(rows, stage.window, stage.prefix)
+    return expected
+
+
+def stage_splits(shape: Shape, stage_id: str, manifests: dict[str, Sequence[str]]) -> list[str]:
+    """A stage's splits: a source's generated splits, else its upstream stages' output parts in
+    upstream order (what the end_of_data manifests carry, like Airflow XComs)."""
+    stage = shape.stage(stage_id)
+    if stage.role == SOURCE:
+        assert stage.data is not None
+        return list(stage.data.split_ids())
+    return [part for up in stage.upstream for part in manifests[up]]
