@@ -13,6 +13,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from lakehouse_helpers import (
+    KINDS,
+    commit_count,
+    make_sink,
+    read_ids,
+    staged_data_files,
+    table_files,
+)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -25,15 +33,7 @@ from airflow_finalckpt.sinks import (
     SinkError,
     SinkTransactionError,
 )
-from airflow_finalckpt.sinks.staged import STAGING_DIR, StagedTableSink
-
-KINDS = ["iceberg", "delta"]
-
-
-def make_sink(kind: str, tmp_path: Path, sink_id: str = "orders") -> StagedTableSink:
-    if kind == "iceberg":
-        return IcebergTableSink(sink_id, "db.orders", warehouse=str(tmp_path / "warehouse"))
-    return DeltaTableSink(sink_id, str(tmp_path / "delta" / "orders"))
+from airflow_finalckpt.sinks.staged import STAGING_DIR
 
 
 def orders(spark: SparkSession, first: int, count: int, partitions: int = 3) -> DataFrame:
@@ -47,42 +47,6 @@ def orders(spark: SparkSession, first: int, count: int, partitions: int = 3) -> 
         .withColumn("placed_at", F.timestamp_seconds(F.col("order_id") * 3600 + 1_700_000_000))
         .withColumn("customer", F.when(F.col("order_id") % 5 == 0, None).otherwise("c"))
     )
-
-
-def commit_count(sink: StagedTableSink) -> int:
-    """Iceberg snapshots / Delta versions: one per published transaction."""
-    if isinstance(sink, IcebergTableSink):
-        table = sink.table()
-        return 0 if table is None else len(table.snapshots())
-    assert isinstance(sink, DeltaTableSink)
-    delta = sink.table()
-    return 0 if delta is None else delta.version() + 1
-
-
-def table_files(sink: StagedTableSink) -> set[str]:
-    """Data files the table's current snapshot / version references."""
-    if isinstance(sink, IcebergTableSink):
-        table = sink.table()
-        if table is None or table.current_snapshot() is None:
-            return set()
-        return {task.file.file_path for task in table.scan().plan_files()}
-    assert isinstance(sink, DeltaTableSink)
-    delta = sink.table()
-    return set() if delta is None else {str(uri) for uri in delta.file_uris()}
-
-
-def staged_data_files(sink: StagedTableSink) -> set[str]:
-    """Every Parquet file under the sink's staging directories, committed or not."""
-    root = sink._data_root()
-    if root is None:
-        return set()
-    base = Path(root) / STAGING_DIR / sink.sink_id
-    return {str(path) for path in base.rglob("*.parquet")}
-
-
-def read_ids(sink: StagedTableSink) -> list[int]:
-    table = sink.read_arrow()
-    return sorted(table.column("order_id").to_pylist()) if table.num_columns else []
 
 
 @pytest.mark.parametrize("kind", KINDS)
