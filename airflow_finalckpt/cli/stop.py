@@ -22,9 +22,11 @@ from airflow_finalckpt.cli._shared import (
     _user_errors,
     store_url_option,
 )
-from airflow_finalckpt.control import PipelineControl, StopSummary, check_stages
+from airflow_finalckpt.control import PipelineControl, StopSummary
 from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StopMode, StopState
+from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
@@ -151,54 +153,74 @@ def resume(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> No
     help="The savepoint's directory or _metadata file (local path or fsspec URL).",
 )
 @click.option("--run-id", default=None, help="Run id of the new DAG run (default: Airflow's).")
-@click.option("--dry-run", is_flag=True, help="Only check the savepoint.")
+@click.option(
+    "--allow-drop-stage",
+    "allow_drop_stages",
+    multiple=True,
+    metavar="STAGE_ID",
+    help="Drop this removed or renamed stage's progress on purpose (repeatable); without it "
+    "such a graph change is refused.",
+)
+@click.option("--dry-run", is_flag=True, help="Only check, and print what the restore will do.")
+@json_option
 @store_url_option
 def restore(
-    dag_id: str, savepoint_path: str, run_id: str | None, dry_run: bool, store_url: str | None
+    dag_id: str,
+    savepoint_path: str,
+    run_id: str | None,
+    allow_drop_stages: tuple[str, ...],
+    dry_run: bool,
+    as_json: bool,
+    store_url: str | None,
 ) -> None:
     """Start a new DAG run of DAG_ID that continues from a savepoint (conf ``restore_from``).
 
-    Works on another cluster with an empty coordination database. Refused: a drained savepoint,
-    an unreadable or corrupt one, a savepoint of another pipeline.
+    Works on another cluster with an empty coordination database. The savepoint and the DAG's
+    graph change are checked first, by the same rules the stage tasks apply before they write
+    anything; the dry run prints what the restore will do per stage. Refused: a drained
+    savepoint, an unreadable or corrupt one, a savepoint of another pipeline, a graph change
+    that would lose progress (unless --allow-drop-stage names the stage).
     """
     with _control(store_url) as control:
-        record = control.check_restore(dag_id, savepoint_path)
-        task_ids = _dag_task_ids(dag_id)
-        if task_ids is not None:
-            check_stages(record, savepoint_path, dag_id, task_ids)  # the savepoint is read once
-    click.echo(
-        f"savepoint {record.checkpoint_id} of pipeline {record.pipeline_key!r} "
-        f"({record.kind.value}, {len(record.stages)} stages) can be restored into {dag_id}"
-    )
+        check = control.plan_restore(
+            dag_id, savepoint_path, _dag_graph, allow_drop_stages=allow_drop_stages
+        )
+    if as_json:
+        _echo_json(check.model_dump(mode="json"))
+    else:
+        for line in check.lines():
+            click.echo(line)
+        click.echo(f"can be restored into {dag_id}")
     if dry_run:
         return
+    conf: dict[str, object] = {"restore_from": savepoint_path}
+    if allow_drop_stages:
+        conf[ALLOW_DROP_STAGES_KEY] = list(allow_drop_stages)
     try:
         from airflow.api.client import get_current_api_client
 
         client = get_current_api_client()
         run = client.trigger_dag(
-            dag_id=dag_id,
-            run_id=run_id,
-            conf={"restore_from": savepoint_path},
-            triggering_user_name=_user(),
+            dag_id=dag_id, run_id=run_id, conf=conf, triggering_user_name=_user()
         )
     except Exception as exc:  # Airflow missing, DAG unknown, database down...
         _fail(f"could not create a DAG run of {dag_id!r}: {exc}", EXIT_ERROR)
     new_run_id = run.get("dag_run_id") if isinstance(run, dict) else getattr(run, "run_id", run)
-    click.echo(f"created DAG run {new_run_id} of {dag_id} with conf restore_from={savepoint_path}")
+    if not as_json:
+        click.echo(f"created DAG run {new_run_id} of {dag_id} with conf {json.dumps(conf)}")
 
 
-def _dag_task_ids(dag_id: str) -> set[str] | None:
-    """The task ids of the DAG as Airflow last parsed it, if a local Airflow knows it."""
+def _dag_graph(dag_id: str) -> StageGraph | None:
+    """The DAG's stage graph as Airflow last parsed it; None if no local Airflow is usable
+    (the stage tasks still check the graph before they write anything)."""
+    from airflow_finalckpt.control.dags import AirflowUnavailableError, load_dag_graph
+
     try:
-        from airflow.models.serialized_dag import SerializedDagModel
-
-        dag = SerializedDagModel.get_dag(dag_id)
-    except Exception:  # no Airflow here, or no database: the owner check still applies
+        return load_dag_graph(dag_id)
+    except AirflowUnavailableError:
         return None
-    if dag is None:
-        _fail(f"DAG {dag_id!r} is not known to Airflow (not parsed yet, or a typo)", EXIT_ERROR)
-    return set(dag.task_ids)
+    except FinalCheckpointError as exc:
+        _fail(str(exc), EXIT_ERROR)
 
 
 @click.command("status")

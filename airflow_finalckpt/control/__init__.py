@@ -10,9 +10,11 @@ from airflow_finalckpt.control.service import (
     PipelineDetail,
     PipelineRunState,
     PipelineRunSummary,
+    RestoreCheck,
     StageSummary,
     StopSummary,
     check_stages,
+    dag_stage_graph,
 )
 
 __all__ = [
@@ -21,7 +23,9 @@ __all__ = [
     "PipelineDetail",
     "PipelineRunState",
     "PipelineRunSummary",
+    "RestoreCheck",
     "StageSummary",
     "StopSummary",
     "check_stages",
+    "dag_stage_graph",
 ]

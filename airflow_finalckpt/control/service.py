@@ -8,8 +8,9 @@ with store credentials (CLI), and passes the user name along for the record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, select
@@ -21,7 +22,7 @@ from airflow_finalckpt.core.errors import (
     StopRequestError,
     UnknownRunError,
 )
-from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointRecord,
@@ -32,6 +33,13 @@ from airflow_finalckpt.core.model import (
     StopState,
 )
 from airflow_finalckpt.core.plan import checkpoint_status
+from airflow_finalckpt.core.restore import (
+    GraphChange,
+    RestorePlan,
+    plan_document,
+    plan_graph_change,
+    plan_restore,
+)
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store import schema as t
 
@@ -123,6 +131,85 @@ def check_stages(
             f"{savepoint_path} belongs to another pipeline: none of its stages "
             f"{sorted(record.stages)} is a stage of DAG {dag_id!r} ({sorted(stage_ids)})"
         )
+
+
+#: The operator class whose tasks are pipeline stages (its ``task_type`` in a serialized DAG).
+STAGE_TASK_TYPE = "FinalCheckpointStageOperator"
+
+
+def dag_stage_graph(tasks: Iterable[Any]) -> StageGraph:
+    """The pipeline graph of a DAG from its tasks (live operators or Airflow's serialized ones):
+    the stage tasks, the edges between them, their stage ids. The operator serializes its
+    ``stage_id``; a DAG serialized before it did falls back to the task id."""
+    stages: dict[str, str] = {}
+    upstream: dict[str, Collection[str]] = {}
+    for task in tasks:
+        stage_id = getattr(task, "stage_id", None)
+        if stage_id is None and getattr(task, "task_type", None) != STAGE_TASK_TYPE:
+            continue
+        stages[task.task_id] = str(stage_id or task.task_id)
+        upstream[task.task_id] = task.upstream_task_ids
+    return StageGraph.build(
+        Stage(
+            stage_id=sid,
+            upstream=tuple(sorted(stages[u] for u in upstream[task_id] if u in stages)),
+            task_id=task_id,
+        )
+        for task_id, sid in stages.items()
+    )
+
+
+class RestoreCheck(_Model):
+    """What a restore of a savepoint into a DAG will do, computed by the same functions the
+    stage tasks run before they write anything (``Coordinator.start_pipeline``)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    savepoint_path: str
+    pipeline_key: str
+    checkpoint_id: int
+    kind: CheckpointKind
+    #: False when the DAG's graph was not available (no local Airflow): the stage tasks still
+    #: check it before they write anything
+    graph_checked: bool
+    #: "restore" (reset to the savepoint) or "continue" (the store was already restored from
+    #: this path: a new run continues the stored progress, the graph change checked against it)
+    mode: str
+    plan: dict[str, Any] | None
+    allow_drop_stages: list[str]
+
+    def lines(self) -> list[str]:
+        """The dry run's human-readable answer."""
+        head = (
+            f"savepoint {self.checkpoint_id} of pipeline {self.pipeline_key!r} ({self.kind.value})"
+        )
+        if self.plan is None:
+            return [
+                f"{head}: the DAG's graph is not available here (no local Airflow knows it); "
+                "the graph-change rules are checked by the stage tasks before they write anything"
+            ]
+        out = [f"{head}: {self.plan['summary']}"]
+        for stage in self.plan.get("stages", []):
+            extra = ""
+            if stage["state_files"]:
+                extra += f", {stage['state_files']} state files ({stage['state_bytes']} B) mapped"
+            if stage["pending_transactions"]:
+                extra += f", {len(stage['pending_transactions'])} transactions re-committed"
+            out.append(f"  {stage['stage_id']}: {stage['action']}: redo {stage['redo']}{extra}")
+        for sid in self.plan.get("dropped_stages", []):
+            out.append(f"  {sid}: progress DROPPED (allow_drop_stages)")
+        return out
+
+
+def _change_document(change: GraphChange) -> dict[str, Any]:
+    return {
+        "kept": list(change.kept),
+        "fresh": list(change.fresh),
+        "dropped_stages": list(change.dropped),
+        "forgotten": list(change.forgotten),
+        "stages": [],
+        "summary": change.describe(),
+    }
 
 
 def run_state(stages: Collection[StageView], stop: StopRequest | None) -> PipelineRunState:
@@ -410,3 +497,57 @@ class PipelineControl:
         if stage_ids is not None:
             check_stages(record, savepoint_path, dag_id, stage_ids)
         return record
+
+    def plan_restore(
+        self,
+        dag_id: str,
+        savepoint_path: str,
+        load_graph: Callable[[str], StageGraph | None],
+        *,
+        allow_drop_stages: Collection[str] = (),
+    ) -> RestoreCheck:
+        """Vet a savepoint (:meth:`check_restore`), then, with the DAG's graph from
+        ``load_graph(dag_id)`` (None: not available here), plan the restore exactly as the
+        stage tasks will: IllegalGraphChangeError (naming the stage and the rule) for a change
+        they would refuse. The savepoint is read once; nothing is written."""
+        record = self.check_restore(dag_id, savepoint_path)
+        graph = load_graph(dag_id)
+        drop = list(allow_drop_stages)
+        common: dict[str, Any] = {
+            "savepoint_path": savepoint_path,
+            "pipeline_key": record.pipeline_key,
+            "checkpoint_id": record.checkpoint_id,
+            "kind": record.kind,
+            "allow_drop_stages": drop,
+        }
+        if graph is None:
+            return RestoreCheck(**common, graph_checked=False, mode="restore", plan=None)
+        check_stages(record, savepoint_path, dag_id, graph.stage_ids)
+        coordinator = self.coordinator(record.pipeline_key)
+        if coordinator.restored_from() == savepoint_path:
+            change = self._plan_continuation(coordinator, graph, drop)
+            return RestoreCheck(
+                **common, graph_checked=True, mode="continue", plan=_change_document(change)
+            )
+        plan: RestorePlan = plan_restore(
+            record, graph, pipeline_key=record.pipeline_key, allow_drop_stages=drop
+        )
+        return RestoreCheck(**common, graph_checked=True, mode="restore", plan=plan_document(plan))
+
+    @staticmethod
+    def _plan_continuation(
+        coordinator: Coordinator, graph: StageGraph, drop: Collection[str]
+    ) -> GraphChange:
+        old = coordinator.graph()
+        progress = {
+            sid: StageProgress(
+                lifecycle=v.lifecycle,
+                finished_splits=v.progress.finished_splits,
+                total_splits=v.total_splits,
+            )
+            for sid, v in coordinator.stages().items()
+            if sid in old
+        }
+        return plan_graph_change(
+            old, progress, graph, pipeline_key=coordinator.pipeline_key, allow_drop_stages=drop
+        )

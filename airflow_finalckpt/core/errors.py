@@ -130,3 +130,7 @@ def is_permanent(exc: BaseException) -> bool:
     """Whether ``exc`` fails the same way on every retry (bad restore path, illegal graph
     change, drained savepoint, bad DAG or stage definition): the task should fail at once."""
     return isinstance(exc, PERMANENT_ERRORS)
+
+
+class UnknownDagError(FinalCheckpointError):
+    """Airflow does not know the DAG (not parsed yet, or a typo)."""

@@ -135,6 +135,12 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.spark_deploy_mode = spark_deploy_mode
         self._spark: SparkSession | None = None
 
+    @classmethod
+    def get_serialized_fields(cls) -> frozenset[str]:
+        """``stage_id`` is serialized: the REST/CLI restore checks read the pipeline graph
+        from Airflow's serialized DAG (a renamed stage keeps its task id, not its stage id)."""
+        return frozenset(super().get_serialized_fields() | {"stage_id"})
+
     # ------------------------------------------------------------------ graph and settings
 
     def _stage_tasks(self) -> dict[str, FinalCheckpointStageOperator]:

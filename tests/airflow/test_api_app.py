@@ -471,9 +471,10 @@ def test_restore_validates_then_triggers_a_run(
     )
     assert missing.status_code == 404 and "DAG 'flights' not found" in missing.json()["detail"]
 
+    _serialize_flights_dag()
     calls: list[tuple[str, str, str]] = []
 
-    def fake_trigger(dag_id: str, savepoint_path: str, principal: Any) -> str:
+    def fake_trigger(dag_id: str, savepoint_path: str, principal: Any, **_: Any) -> str:
         calls.append((dag_id, savepoint_path, principal.name))
         return "restore__1"
 
@@ -482,15 +483,52 @@ def test_restore_validates_then_triggers_a_run(
         f"/finalckpt/api/dags/{DAG}/restore", json={"savepoint_path": path}, headers=headers
     )
     assert resp.status_code == 201, resp.text
-    assert resp.json() == {
+    doc = resp.json()
+    plan = doc.pop("plan")
+    assert doc == {
         "dag_id": DAG,
         "run_id": "restore__1",
         "savepoint_path": path,
         "checkpoint_id": 1,
         "kind": "checkpoint",
         "pipeline_key": "flights.run1",
+        "allow_drop_stages": [],
+        "mode": "restore",
     }
+    assert (plan["resumed"], plan["fresh"]) == (["ingest"], ["enrich", "publish"])
     assert calls == [(DAG, path, "carol")]
+
+
+def _serialize_flights_dag() -> None:
+    """The DAG ``flights`` (ingest -> enrich -> publish) in Airflow's metadata database, as
+    the DAG processor would put it: the restore check reads its graph from there."""
+    from datetime import datetime
+
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.sdk import DAG as AirflowDAG
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+
+    with AirflowDAG(DAG, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+        ingest, enrich, publish = (
+            FinalCheckpointStageOperator(task_id=t, transform=lambda c: None)
+            for t in ("ingest", "enrich", "publish")
+        )
+        ingest >> enrich >> publish
+    DagBundlesManager().sync_bundles_to_db()
+    with create_session() as session:
+        update_dag_parsing_results_in_db(
+            "dags-folder",
+            None,
+            [LazyDeserializedDAG.from_dag(dag)],
+            {},
+            None,
+            set(),
+            session=session,
+        )
 
 
 # ---------------------------------------------------------------------------------- pages

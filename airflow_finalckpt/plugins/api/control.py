@@ -18,10 +18,13 @@ from airflow_finalckpt.core.errors import (
     DrainedSavepointError,
     FinalCheckpointError,
     ForeignCheckpointError,
+    IllegalGraphChangeError,
     IllegalTransitionError,
+    InvalidRunConfError,
     MetadataError,
     StopRequestError,
     StorageError,
+    UnknownDagError,
     UnknownPipelineError,
     UnknownRunError,
 )
@@ -68,14 +71,18 @@ def reset_default_control() -> None:
 def http_error(exc: FinalCheckpointError) -> HTTPException:
     """The HTTP answer to an error of the control service (its message is the detail)."""
     detail = str(exc)
-    if isinstance(exc, UnknownRunError | UnknownPipelineError):
+    if isinstance(exc, UnknownRunError | UnknownPipelineError | UnknownDagError):
         code = status.HTTP_404_NOT_FOUND
     elif isinstance(
         exc,
-        StopRequestError | DrainedSavepointError | ForeignCheckpointError | IllegalTransitionError,
+        StopRequestError
+        | DrainedSavepointError
+        | ForeignCheckpointError
+        | IllegalTransitionError
+        | IllegalGraphChangeError,
     ):
         code = status.HTTP_409_CONFLICT
-    elif isinstance(exc, MetadataError | StorageError):
+    elif isinstance(exc, MetadataError | StorageError | InvalidRunConfError):
         code = status.HTTP_422_UNPROCESSABLE_CONTENT
     elif isinstance(exc, ConfigurationError):
         code = status.HTTP_503_SERVICE_UNAVAILABLE

@@ -1,7 +1,7 @@
 """REST routes under ``/finalckpt/api``: pipeline runs, stop with drain / savepoint, resume,
 restore. GET routes only read; every change is a POST. See docs/ui-and-api.md."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
@@ -14,7 +14,10 @@ from airflow_finalckpt.control import (
     PipelineRunSummary,
     StopSummary,
 )
+from airflow_finalckpt.core.errors import UnknownDagError
+from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
+from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY
 from airflow_finalckpt.plugins.api.auth import (
     Principal,
     authenticate,
@@ -61,15 +64,36 @@ class RestoreBody(BaseModel):
         description="A savepoint (or checkpoint) directory or its _metadata file",
         examples=["/data/checkpoints/flights.manual__1/chk-7"],
     )
+    allow_drop_stages: list[Annotated[str, Field(min_length=1)]] = Field(
+        default=[],
+        description="Stages removed or renamed in the DAG whose progress may be dropped; "
+        "without naming them such a change is refused (409)",
+    )
+    dry_run: bool = Field(
+        default=False, description="Only check and answer the plan; no DAG run is created"
+    )
 
 
 class RestoreResponse(BaseModel):
     dag_id: str
-    run_id: str = Field(description="The new DAG run; its conf is {'restore_from': path}")
+    run_id: str | None = Field(
+        description="The new DAG run (conf {'restore_from': path, 'allow_drop_stages': [...]}); "
+        "null for a dry run"
+    )
     savepoint_path: str
     checkpoint_id: int
     kind: CheckpointKind
     pipeline_key: str = Field(description="The pipeline the savepoint was taken of")
+    allow_drop_stages: list[str] = []
+    mode: str = Field(
+        default="restore",
+        description="'restore', or 'continue' when the store was already restored from this path",
+    )
+    plan: dict[str, Any] | None = Field(
+        default=None,
+        description="What the restore does per stage (skip / resume / fresh, finished splits, "
+        "state mapped, dropped stages): the check the stage tasks run before writing",
+    )
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -200,30 +224,70 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     def restore(
         dag_id: str, body: RestoreBody, principal: CanRestore, control: Control
     ) -> RestoreResponse:
-        """Check the savepoint (readable, not drained, of this DAG's pipeline), then trigger a
-        new DAG run with conf ``{"restore_from": savepoint_path}``. Needs permission to create
-        and edit the DAG's runs."""
-        record = control.check_restore(dag_id, body.savepoint_path)
-        run_id = trigger_restore_run(dag_id, body.savepoint_path, principal)
+        """Check the savepoint (readable, not drained, of this DAG's pipeline) and the DAG's
+        graph change (the rules the stage tasks apply before writing: 409 naming the stage and
+        the rule), then trigger a new DAG run with conf ``{"restore_from": savepoint_path}``
+        (and ``allow_drop_stages``). ``dry_run``: only the check and the plan. Needs permission
+        to create and edit the DAG's runs."""
+        check = control.plan_restore(
+            dag_id,
+            body.savepoint_path,
+            dag_graph,
+            allow_drop_stages=body.allow_drop_stages,
+        )
+        run_id = None
+        if not body.dry_run:
+            run_id = trigger_restore_run(
+                dag_id, body.savepoint_path, principal, allow_drop_stages=body.allow_drop_stages
+            )
         return RestoreResponse(
             dag_id=dag_id,
             run_id=run_id,
             savepoint_path=body.savepoint_path,
-            checkpoint_id=record.checkpoint_id,
-            kind=record.kind,
-            pipeline_key=record.pipeline_key,
+            checkpoint_id=check.checkpoint_id,
+            kind=check.kind,
+            pipeline_key=check.pipeline_key,
+            allow_drop_stages=check.allow_drop_stages,
+            mode=check.mode,
+            plan=check.plan,
         )
 
     return router
 
 
-def trigger_restore_run(dag_id: str, savepoint_path: str, principal: Principal) -> str:
+def dag_graph(dag_id: str) -> StageGraph:
+    """The DAG's stage graph as Airflow last parsed it (404 if Airflow does not know it)."""
+    from airflow_finalckpt.control.dags import AirflowUnavailableError, load_dag_graph
+
+    try:
+        return load_dag_graph(dag_id)
+    except AirflowUnavailableError as exc:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, f"cannot read DAG {dag_id!r}: {exc}"
+        ) from exc
+    except UnknownDagError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} not found") from exc
+
+
+def trigger_restore_run(
+    dag_id: str,
+    savepoint_path: str,
+    principal: Principal,
+    *,
+    allow_drop_stages: Sequence[str] = (),
+) -> str:
     """Create a queued DAG run restoring ``savepoint_path``, the way Airflow's REST API does
-    (``airflow.api.common.trigger_dag.trigger_dag``, in the api-server's own process)."""
+    (``airflow.api.common.trigger_dag.trigger_dag``, in the api-server's own process). Stages
+    dropped on purpose are named in the run's conf and its note."""
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.exceptions import DagNotFound
     from airflow.utils.types import DagRunTriggeredByType
 
+    conf: dict[str, Any] = {"restore_from": savepoint_path}
+    note = f"airflow-finalckpt: restore from {savepoint_path} (by {principal.name})"
+    if allow_drop_stages:
+        conf[ALLOW_DROP_STAGES_KEY] = list(allow_drop_stages)
+        note += f"; progress of {', '.join(allow_drop_stages)} dropped on purpose"
     triggered_by = (
         DagRunTriggeredByType.UI if principal.via == "cookie" else DagRunTriggeredByType.REST_API
     )
@@ -232,8 +296,8 @@ def trigger_restore_run(dag_id: str, savepoint_path: str, principal: Principal) 
             dag_id,
             triggered_by=triggered_by,
             triggering_user_name=principal.name,
-            conf={"restore_from": savepoint_path},
-            note=f"airflow-finalckpt: restore from {savepoint_path} (by {principal.name})",
+            conf=conf,
+            note=note,
         )
     except DagNotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} not found") from exc

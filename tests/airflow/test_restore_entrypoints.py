@@ -1,0 +1,270 @@
+"""The graph-change check through Airflow's own entry points, with real serialized DAGs: the
+stage operator in ``dag.test()`` (a ``pipeline_key`` continuation), ``finalckpt restore
+--dry-run`` and the REST restore (FastAPI test client, real SimpleAuthManager token, real
+``trigger_dag``). The rule matrix itself is tests/integration/test_graph_change_matrix.py.
+
+The pipeline ``a -> b`` has ``a`` CLOSED and ``b`` stopped at a savepoint with one of three
+splits finished; the changed DAG renames ``b``'s stage id to ``b_v2`` (same task ``b``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, MetaData, select
+
+from airflow_finalckpt.control import PipelineControl, dag_stage_graph
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.graph import Stage, StageGraph
+from airflow_finalckpt.core.model import EndOfData, StageSnapshot, StopMode
+from airflow_finalckpt.hooks import finalckpt as hook_module
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+OLD = StageGraph.build([Stage("a", ()), Stage("b", ("a",))])
+
+#: task ``b`` now runs stage ``b_v2``: its progress would be lost
+RENAMED_DAG = """
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+
+
+def noop(ctx):
+    return None
+
+
+with DAG(
+    DAG_ID,
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    default_args={"retries": 2, "retry_delay": timedelta(0)},
+) as dag:
+    a = FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["a1"])
+    b = FinalCheckpointStageOperator(task_id="b", stage_id="b_v2", transform=noop)
+    a >> b
+"""
+
+
+@dataclass
+class Env:
+    engine: Engine
+    storage: CheckpointStorage
+    root: Path
+    key: str
+    savepoint: str
+
+    def snapshot(self) -> tuple[Any, ...]:
+        meta = MetaData()
+        meta.reflect(self.engine)
+        with self.engine.connect() as conn:
+            rows = {
+                name: sorted(repr(tuple(r)) for r in conn.execute(select(table)))
+                for name, table in sorted(meta.tables.items())
+            }
+        files = sorted(
+            (str(p.relative_to(self.root)), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.root.rglob("*")
+            if p.is_file()
+        )
+        return rows, files
+
+
+@pytest.fixture
+def env(airflow_home: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    url = f"sqlite:///{tmp_path / 'coordination.db'}"
+    root = tmp_path / "checkpoints"
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", url)
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(root))
+    hook_module.dispose_engines()
+    engine = make_engine(url)
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(root))
+    key = f"flights.{uuid.uuid4().hex[:8]}"
+    coord = Coordinator(engine, key, writer=storage)
+    coord.register(OLD)
+    a = coord.start_attempt("a", total_splits=1).epoch
+    coord.finish(
+        "a",
+        a,
+        StageSnapshot(finished_splits=frozenset({"a1"}), end_of_data=EndOfData(manifest=["p0"])),
+    )
+    coord.close("a", a, coord.closable_checkpoint("a") or 0)
+    b = coord.start_attempt("b", total_splits=3).epoch
+    coord.record_batch("b", b, finished_splits=["s1"])
+    coord.request_stop(StopMode.SAVEPOINT, "test")
+    coord.record_batch("b", b)
+    coord.suspend("b", b)
+    stop = coord.stop_request()
+    assert stop is not None and stop.savepoint_id is not None
+    path = coord.checkpoint(stop.savepoint_id).metadata_path
+    assert path is not None
+    yield Env(engine, storage, root, key, path)
+    engine.dispose()
+    hook_module.dispose_engines()
+
+
+def serialize(dag: Any) -> None:
+    """Put a DAG into Airflow's metadata database, as the DAG processor does."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    DagBundlesManager().sync_bundles_to_db()
+    with create_session() as session:
+        update_dag_parsing_results_in_db(
+            "dags-folder",
+            None,
+            [LazyDeserializedDAG.from_dag(dag)],
+            {},
+            None,
+            set(),
+            session=session,
+        )
+
+
+def renamed_dag(dag_id: str) -> Any:
+    from airflow.sdk import DAG
+
+    from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+
+    with DAG(dag_id, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+        a = FinalCheckpointStageOperator(task_id="a", transform=lambda c: None, splits=["a1"])
+        b = FinalCheckpointStageOperator(task_id="b", stage_id="b_v2", transform=lambda c: None)
+        a >> b
+    serialize(dag)
+    return dag
+
+
+def test_serialized_dag_keeps_stage_ids(env: Env) -> None:
+    from airflow_finalckpt.control.dags import load_dag_graph
+
+    dag = renamed_dag(f"graph_{uuid.uuid4().hex[:8]}")
+    graph = load_dag_graph(dag.dag_id)
+    assert graph.to_dict() == dag_stage_graph(dag.tasks).to_dict()
+    assert graph.stages["b_v2"].airflow_task_id == "b" and graph.upstream("b_v2") == ("a",)
+
+
+def _tries(dag_run: Any) -> dict[str, tuple[str, int]]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id
+            )
+        ).all()
+        return {ti.task_id: (str(ti.state), int(ti.try_number)) for ti in tis}
+
+
+def test_continuation_into_a_renamed_stage_fails_once_and_writes_nothing(
+    env: Env, write_dag: Callable[..., Any]
+) -> None:
+    dag = write_dag(RENAMED_DAG, DAG_ID=f"cont_{uuid.uuid4().hex[:8]}")
+    before = env.snapshot()
+    dag_run = dag.test(run_conf={"pipeline_key": env.key})
+    assert str(dag_run.state).endswith("failed")
+    assert _tries(dag_run)["a"] == ("failed", 1)  # permanent: retries=2 not used
+    assert env.snapshot() == before
+
+    # the opt-in drops b's progress on purpose; b_v2 starts fresh (marked success here: its
+    # Spark run is not what this test is about), a stays CLOSED and is not run again
+    dag_run = dag.test(
+        run_conf={"pipeline_key": env.key, "allow_drop_stages": ["b"]},
+        mark_success_pattern="b",
+    )
+    assert _tries(dag_run)["a"] == ("success", 1)
+    views = Coordinator(env.engine, env.key).stages()
+    assert set(views) == {"a", "b_v2"}
+    assert views["a"].lifecycle.value == "CLOSED"
+    assert views["b_v2"].lifecycle.value == "NOT_STARTED"
+
+
+def test_cli_dry_run_refuses_then_prints_the_plan(env: Env) -> None:
+    from airflow_finalckpt.cli.main import main
+
+    dag = renamed_dag(f"cli_{uuid.uuid4().hex[:8]}")
+    runner = CliRunner(env={"AIRFLOW__FINALCKPT__STORAGE_URI": str(env.root)})
+    store = ["--store-url", str(env.engine.url)]
+    before = env.snapshot()
+    refused = runner.invoke(
+        main, ["restore", dag.dag_id, "--from", env.savepoint, "--dry-run", *store]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert refused.stdout == ""
+    assert refused.stderr.startswith("error: stage 'b' violates restore rule 'rekeyed-stage'")
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+    args = ["restore", dag.dag_id, "--from", env.savepoint, "--dry-run", "--allow-drop-stage", "b"]
+    planned = runner.invoke(main, [*args, "--json", *store])
+    assert planned.exit_code == 0, planned.stderr
+    doc = json.loads(planned.stdout)
+    assert doc["graph_checked"] is True and doc["allow_drop_stages"] == ["b"]
+    assert doc["plan"]["skipped"] == ["a"] and doc["plan"]["fresh"] == ["b_v2"]
+    assert doc["plan"]["dropped_stages"] == ["b"]
+
+    text = runner.invoke(main, [*args, *store])
+    assert text.exit_code == 0, text.stderr
+    assert "a: skip: redo nothing" in text.stdout
+    assert "b: progress DROPPED (allow_drop_stages)" in text.stdout
+    assert env.snapshot() == before
+
+
+def test_rest_restore_refuses_then_plans_then_triggers(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.api_fastapi.app import create_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    from airflow_finalckpt.plugins.api import create_app
+
+    dag = renamed_dag(f"rest_{uuid.uuid4().hex[:8]}")
+    token = create_auth_manager().generate_jwt(SimpleAuthManagerUser(username="ann", role="ADMIN"))
+    headers = {"Authorization": f"Bearer {token}"}
+    control = PipelineControl(env.engine, env.storage)
+    parent = FastAPI()
+    parent.mount("/finalckpt", create_app(lambda: control))
+    url = f"/finalckpt/api/dags/{dag.dag_id}/restore"
+    before = env.snapshot()
+    with TestClient(parent, base_url="http://airflow.test") as client:
+        refused = client.post(url, json={"savepoint_path": env.savepoint}, headers=headers)
+        assert refused.status_code == 409, refused.text
+        assert "stage 'b' violates restore rule 'rekeyed-stage'" in refused.json()["detail"]
+        bad = client.post(
+            url, json={"savepoint_path": env.savepoint, "allow_drop_stages": "b"}, headers=headers
+        )
+        assert bad.status_code == 422
+        body = {"savepoint_path": env.savepoint, "allow_drop_stages": ["b"]}
+        dry = client.post(url, json={**body, "dry_run": True}, headers=headers)
+        assert dry.status_code == 201, dry.text
+        assert dry.json()["run_id"] is None
+        assert dry.json()["plan"]["dropped_stages"] == ["b"]
+        assert env.snapshot() == before
+        with create_session() as session:
+            assert session.query(DagRun).filter_by(dag_id=dag.dag_id).count() == 0
+
+        made = client.post(url, json=body, headers=headers)
+        assert made.status_code == 201, made.text
+        run_id = made.json()["run_id"]
+    with create_session() as session:
+        run = session.query(DagRun).filter_by(dag_id=dag.dag_id, run_id=run_id).one()
+        assert run.conf == {"restore_from": env.savepoint, "allow_drop_stages": ["b"]}
+        assert "progress of b dropped on purpose" in (run.note or "")
+    assert env.snapshot() == before  # the stage tasks do the restore, not the api-server
