@@ -59,17 +59,41 @@ def parse_only_json(result: subprocess.CompletedProcess[str]) -> Any:
         pytest.fail(f"stdout is not one JSON document ({exc}):\n{result.stdout[:2000]}")
 
 
-def test_fresh_database_is_migrated_and_stdout_stays_clean(
-    cli_env: dict[str, str], pg_url: str
+def _savepoint(tmp_path: Path) -> str:
+    """A savepoint taken on another store (SQLite), in the CLI's checkpoint storage."""
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'source.db'}")
+    try:
+        ensure_schema(engine)
+        coord = Coordinator(engine, KEY, writer=CheckpointStorage(str(tmp_path / "checkpoints")))
+        coord.register(StageGraph.from_edges(["ingest", "enrich"], [("ingest", "enrich")]))
+        epoch = coord.start_attempt("ingest", total_splits=4).epoch
+        coord.request_stop(StopMode.SAVEPOINT, "test")
+        coord.record_batch("ingest", epoch, finished_splits=["d1"])
+        coord.suspend("ingest", epoch)
+        path = coord.checkpoint(1).metadata_path
+        assert path is not None
+        return path
+    finally:
+        engine.dispose()
+
+
+def test_fresh_database_is_migrated_and_stdout_is_only_json(
+    cli_env: dict[str, str], pg_url: str, tmp_path: Path
 ) -> None:
     engine = make_engine(pg_url)
     try:
         assert current_revision(engine) is None
+        path = _savepoint(tmp_path)
+        dry = finalckpt(cli_env, "restore", DAG, "--from", path, "--dry-run", "--json")
+        doc = parse_only_json(dry)  # the command migrated the empty database first
+        assert doc["pipeline_key"] == KEY and doc["checkpoint_id"] == 1
+        assert current_revision(engine) == head_revision()
         result = finalckpt(cli_env, "status", DAG, RUN, "--json")
         assert result.returncode == 2
         assert result.stdout == ""  # Alembic's "Context impl PostgresqlImpl." was printed here
         assert result.stderr.strip().splitlines()[-1].startswith("error: no pipeline run is known")
-        assert current_revision(engine) == head_revision()  # the command migrated it
     finally:
         engine.dispose()
 
