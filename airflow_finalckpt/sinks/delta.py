@@ -28,6 +28,7 @@ from airflow_finalckpt.sinks.staged import (
     STAGING_DIR,
     TXN_ID_KEY,
     StagedTableSink,
+    backoff,
     first_line,
 )
 
@@ -258,7 +259,8 @@ class DeltaTableSink(StagedTableSink):
                     )
                 return True
             except CommitFailedError:
-                continue  # another writer took this version: re-read the log, retry
+                backoff(_attempt)  # another writer took this version: re-read the log, retry
+                continue
             except Exception as exc:
                 if table is None and self._open() is not None:
                     continue  # another writer created the table meanwhile

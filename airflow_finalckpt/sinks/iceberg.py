@@ -24,6 +24,7 @@ from airflow_finalckpt.sinks.staged import (
     SINK_ID_KEY,
     TXN_ID_KEY,
     StagedTableSink,
+    backoff,
     first_line,
 )
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from pyiceberg.types import IcebergType
 
 NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
+COMMIT_NUM_RETRIES = "commit.retry.num-retries"
 DATA_PATH_PROPERTY = "write.data.path"
 
 
@@ -312,6 +314,10 @@ class IcebergTableSink(StagedTableSink):
                     f"sink {self.sink_id!r}: the staged files of {txn_id!r} do not match "
                     f"table {self.table_name!r} any more: {first_line(exc)}; nothing was committed"
                 ) from exc
+            # pyiceberg retries a lost commit by appending the files again on top of the
+            # winner's snapshot; ours re-reads the history first, so a replay stays a no-op.
+            properties = {**table.metadata.properties, COMMIT_NUM_RETRIES: "0"}
+            table.metadata = table.metadata.model_copy(update={"properties": properties})
             try:
                 with table.transaction() as transaction:
                     if table.metadata.name_mapping() is None:
@@ -323,7 +329,8 @@ class IcebergTableSink(StagedTableSink):
                             append.append_data_file(data_file)
                 return True
             except CommitFailedException:
-                continue  # another writer committed first: reload, re-check, retry
+                backoff(_attempt)  # another writer committed first: reload, re-check, retry
+                continue
             except Exception as exc:
                 raise self._catalog_error("committing to", exc) from exc
         raise SinkError(

@@ -67,6 +67,13 @@ def first_line(exc: BaseException) -> str:
     return lines[0][:300] if lines else type(exc).__name__
 
 
+def backoff(attempt: int) -> None:
+    """Wait before retrying a commit lost to another writer (jittered, so racers spread)."""
+    import random
+
+    time.sleep(random.uniform(0.02, 0.1) * (attempt + 1))
+
+
 def spark_uri(uri: str) -> str:
     """Spark's Hadoop filesystems call S3 ``s3a``; table formats store ``s3``."""
     return "s3a://" + uri[len("s3://") :] if uri.startswith("s3://") else uri

@@ -304,3 +304,33 @@ def test_a_path_without_permission_is_a_one_line_error_and_retryable(
     sink.write_spark("t2", spark.range(5, 10).withColumnRenamed("id", "order_id"))
     assert sink.commit(sink.precommit("t2", 2)) is True
     assert read_ids(sink) == list(range(10)) and commit_count(sink) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_racing_committers_of_one_transaction_publish_it_once(
+    spark: SparkSession, tmp_path: Path, kind: str
+) -> None:
+    sink = make_sink(kind, tmp_path)
+    sink.write_spark("t0", orders(spark, 0, 5))
+    sink.commit(sink.precommit("t0", 1))  # the table exists: both race on the same append
+    sink.write_spark("t1", orders(spark, 5, 5))
+    txn = sink.precommit("t1", 2)
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def commit() -> None:
+        committer = make_sink(kind, tmp_path)  # another process's view: no shared state
+        start.wait()
+        try:
+            results.append(committer.commit(txn))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == [] and sorted(results) == [False, False, True]
+    assert read_ids(sink) == list(range(10)) and commit_count(sink) == 2
