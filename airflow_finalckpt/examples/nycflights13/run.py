@@ -4,9 +4,11 @@
 
 Embedded defaults: Airflow's metadata in SQLite, the coordination store in SQLite, checkpoints
 and outputs on the local filesystem, Spark ``local[*]``, all under ``--home`` (./var/example).
-With ``--crash-mid-enrich`` the first DAG run fails inside ``enrich``; a second DAG run of the
-same pipeline key then resumes: ``ingest`` submits no Spark job, ``enrich`` redoes only its
-unfinished splits.
+With ``--crash-mid-enrich`` the first DAG run fails inside ``enrich`` when it starts its second
+batch (its first is recorded); a second DAG run of the same pipeline key then resumes: ``ingest``
+submits no Spark job, ``enrich`` redoes only its unfinished splits. What the runner prints about
+the crash is read back from the first DAG run's state, the crash marker and the stored progress:
+if enrich's splits did not reach a second batch, it says so instead of resuming.
 """
 
 from __future__ import annotations
@@ -19,10 +21,17 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO_DAGS = Path(__file__).resolve().parents[3] / "dags"
+#: The crash spec of ``--crash-mid-enrich``: fail when enrich starts batch 2 (batch 1 recorded),
+#: whatever the batch sizes are.
+CRASH_SPEC = "enrich:1"
+#: enrich's splits are ingest's output parts, at most one per day: one day is one split, and a
+#: crash cannot land between two batches of one split.
+MIN_CRASH_DAYS = 2
 
 
 def _configure_environment(home: Path, days: int) -> None:
@@ -54,6 +63,64 @@ def _load_dag() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.dag
+
+
+@dataclass(frozen=True)
+class CrashReport:
+    """What the first DAG run of ``--crash-mid-enrich`` really did."""
+
+    fired: bool
+    message: str
+
+
+def describe_crash(
+    state: str, outcome: dict[str, Any] | None, lifecycle: str, finished: int, total: int | None
+) -> CrashReport:
+    """The truth about the injected crash, from the first DAG run's state, the crash marker
+    (``stages.crash_outcome``) and enrich's stored progress; ``fired`` only if all three agree
+    that enrich failed mid-way with part of its splits recorded."""
+    of = f"{finished} of {total}" if total is not None else f"{finished}"
+    progress = f"enrich is {lifecycle} with {of} splits recorded"
+    if outcome is None:
+        return CrashReport(False, f"the injected crash did not fire: enrich never ran ({state})")
+    if not outcome.get("fired"):
+        reason = outcome.get("reason", "unknown")
+        return CrashReport(
+            False, f"the injected crash did not fire ({reason}); first DAG run: {state}, {progress}"
+        )
+    partial = lifecycle == "RUNNING" and finished > 0 and (total is None or finished < total)
+    if state.endswith("failed") and partial:
+        return CrashReport(
+            True,
+            f"first DAG run {state}: the injected crash fired in enrich after "
+            f"{outcome.get('after_batches')} batch(es); {progress}",
+        )
+    return CrashReport(
+        False,
+        f"the injected crash fired, but the first DAG run ended {state} and {progress}: "
+        "not the mid-enrich failure this option demonstrates",
+    )
+
+
+def crash_report(key: str, state: str) -> CrashReport:
+    """``describe_crash`` for pipeline ``key`` from the configured store and storage."""
+    from airflow_finalckpt.config import load_settings
+    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.core.errors import FinalCheckpointError
+    from airflow_finalckpt.examples.nycflights13.stages import crash_outcome
+    from airflow_finalckpt.store.engine import make_engine
+
+    settings = load_settings()
+    outcome = crash_outcome(settings.storage_uri, key, "enrich")
+    engine = make_engine(settings.store_url)
+    try:
+        view = Coordinator(engine, key).stage("enrich")
+    except FinalCheckpointError:  # the pipeline was never registered: nothing ran
+        return describe_crash(state, outcome, "unknown", 0, None)
+    finally:
+        engine.dispose()
+    finished = len(view.progress.finished_splits)
+    return describe_crash(state, outcome, view.lifecycle.value, finished, view.total_splits)
 
 
 def _run(dag: Any, key: str) -> str:
@@ -128,24 +195,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.days <= 365:
         parser.error("--days must be between 1 and 365")
+    if args.crash_mid_enrich and args.days < MIN_CRASH_DAYS:
+        parser.error(
+            f"--crash-mid-enrich needs --days >= {MIN_CRASH_DAYS}: enrich's splits are ingest's "
+            f"output parts (at most one per day), so with {args.days} day enrich has one split "
+            "and a crash cannot land between two of its batches"
+        )
     _configure_environment(args.home.resolve(), args.days)
     _migrate_airflow()
     key = args.pipeline_key or f"nycflights13-{uuid.uuid4().hex[:8]}"
     if args.crash_mid_enrich:
-        os.environ["FINALCKPT_EXAMPLE_CRASH"] = "enrich:2"
+        os.environ["FINALCKPT_EXAMPLE_CRASH"] = CRASH_SPEC
         os.environ["FINALCKPT_EXAMPLE_RETRIES"] = "0"
     dag = _load_dag()
     print(f"==> pipeline key {key}: {args.days} days of nycflights13 through 4 stages")
     state = _run(dag, key)
+    crashed = True
     if args.crash_mid_enrich:
-        print("==> first DAG run ended with the injected crash in enrich; starting a new DAG run")
-        print(f"    of the same pipeline key ({key}): it resumes from the stored progress")
         os.environ.pop("FINALCKPT_EXAMPLE_CRASH")
-        state = _run(dag, key)
+        crash = crash_report(key, state)
+        crashed = crash.fired
+        print(f"==> {crash.message}")
+        if crash.fired:
+            print(f"==> starting a new DAG run of the same pipeline key ({key}): it resumes from")
+            print("    the stored progress (ingest: no Spark job; enrich: only unfinished splits)")
+            state = _run(dag, key)
+        elif not state.endswith("success"):
+            print(f"==> starting a new DAG run of the same pipeline key ({key}) to finish it")
+            state = _run(dag, key)
     report = summarize(key, args.days)
-    ok = state.endswith("success") and all(
-        c["verdict"].startswith("equal") for c in report["sinks"].values()
-    )
+    ok = crashed and state.endswith("success")
+    ok = ok and all(c["verdict"].startswith("equal") for c in report["sinks"].values())
     return 0 if ok else 1
 
 
