@@ -642,13 +642,13 @@ def _spec(rng: random.Random, name: str, stage_id: str, action: Action | None = 
         point=name,
         action=chosen,
         stage=stage_id,
-        nth=rng.choice((1, 1, 2, 3)),
+        nth=rng.choice((1, 1, 1, 2)),
         delay_s=round(rng.uniform(0.1, 1.5), 3) if chosen is Action.DELAY else 0.0,
     )
 
 
 #: Share of the runs of a shape with parallel stages that get a straggler (see straggler()).
-STRAGGLER_SHARE = 0.35
+STRAGGLER_SHARE = 0.5
 
 
 def straggler(

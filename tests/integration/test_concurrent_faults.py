@@ -1,0 +1,207 @@
+"""The concurrent fault campaign's harness and the FLIP-147 cases it exercises.
+
+- every graph shape run without faults (stages in threads, each with its own coordinator over
+  one SQLite store) gives exactly the rows of the independent reference;
+- out of order, deterministically: three parallel stages, the first two finish while the third
+  stalls, the third's next batch acknowledges final checkpoints N and N+1 at once, N fails to
+  complete, N+1 completes first and the first finished stage closes on it;
+- the scheduler: a failed stage attempt is retried in a new process with a new epoch, and a
+  run that outlives its timeout is reported hung (a failure), not waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.model import CheckpointState, StageLifecycle
+from airflow_finalckpt.faults.campaign import Environment, RunPlan, verify_against
+from airflow_finalckpt.faults.concurrent import (
+    CONCURRENT,
+    StageScheduler,
+    closes_after_later_checkpoints,
+    execute_concurrent_run,
+    last_acks,
+    run_stage_to_close,
+)
+from airflow_finalckpt.faults.fake import KEY_COLUMNS
+from airflow_finalckpt.faults.injector import FaultInjector, FaultSpec
+from airflow_finalckpt.faults.points import Action
+from airflow_finalckpt.faults.proxies import FaultyStorage
+from airflow_finalckpt.faults.shapes import SHAPES, Shape, reference_rows
+from airflow_finalckpt.faults.worker import RunSetup, dispose_sinks, make_sinks
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+
+
+def _plan(shape: str, **config: Any) -> RunPlan:
+    defaults: dict[str, Any] = {
+        "batch_sizes": dict.fromkeys(SHAPES[shape].stage_ids, 1),
+        "checkpoint_interval_s": 3600.0,
+        "fake": None,
+        "shape": shape,
+    }
+    defaults.update(config)
+    return RunPlan.single(0, kind=CONCURRENT, **defaults)
+
+
+def _setup(tmp_path: Path, plan: RunPlan) -> tuple[Environment, RunSetup]:
+    env = Environment(tmp_path / "campaign")
+    env.prepare(spark=False)
+    return env, env.setup(plan)
+
+
+def _run_stage(
+    setup: RunSetup,
+    shape: Shape,
+    stage_id: str,
+    *,
+    storage: CheckpointStorage | None = None,
+    fault: Callable[[str], None] | None = None,
+    errors: list[BaseException] | None = None,
+) -> None:
+    storage = storage or CheckpointStorage(setup.storage_root)
+    coordinator = Coordinator(make_engine(setup.store_url), setup.pipeline_key, writer=storage)
+    sinks = make_sinks(setup)
+    try:
+        assert run_stage_to_close(
+            coordinator, storage, sinks, setup, shape, stage_id, log=_log(), fault=fault
+        )
+    except BaseException as exc:
+        if errors is None:
+            raise
+        errors.append(exc)
+    finally:
+        dispose_sinks(sinks)
+        coordinator.engine.dispose()
+
+
+def _log() -> logging.Logger:
+    return logging.getLogger("airflow_finalckpt.faults.stage")
+
+
+def _threads(targets: list[Callable[[], None]]) -> None:
+    threads = [threading.Thread(target=t, daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive(), "a stage did not end within 60 s"
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_shape_without_faults_gives_the_reference_rows(tmp_path: Path, name: str) -> None:
+    shape = SHAPES[name]
+    _env, setup = _setup(tmp_path, _plan(name))
+    errors: list[BaseException] = []
+    done: set[str] = set()
+    while len(done) < len(shape.stages):  # every ready stage at once, like the scheduler
+        ready = [
+            s.stage_id
+            for s in shape.stages
+            if s.stage_id not in done and all(up in done for up in s.upstream)
+        ]
+        _threads([partial(_run_stage, setup, shape, sid, errors=errors) for sid in ready])
+        assert errors == []
+        done.update(ready)
+    expected = pd.DataFrame(reference_rows(shape))
+    assert len(expected) > 10 and expected["key"].str.contains(":").all()
+    verdict = verify_against(setup, expected, KEY_COLUMNS)
+    assert verdict.problems() == []
+    assert sum(r.found for r in verdict.rows.values()) == 2 * len(expected)
+
+
+def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_stage(
+    tmp_path: Path,
+) -> None:
+    """FLIP-147's "finish, 42/43/44 triggered, 43 completes first", with real runners: x and z
+    finish while y stalls after its first batch (eager final checkpoints N and N+1 both wait
+    for y); y's next batch acknowledges both in one transition, writing N's _metadata fails,
+    N+1 completes: the stage that finished first closes on N+1, nothing waits forever."""
+    shape = SHAPES["wide"]
+    _env, setup = _setup(tmp_path, _plan("wide"))
+    _run_stage(setup, shape, "src")
+    probe = Coordinator(make_engine(setup.store_url), setup.pipeline_key)
+
+    def gate(point: str) -> None:
+        if point != "after-record-batch" or gate.passed:  # type: ignore[attr-defined]
+            return
+        gate.passed = True  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            views = probe.stages()
+            if all(views[s].lifecycle.is_finished for s in ("x", "z")):
+                return
+            time.sleep(0.02)
+        raise AssertionError("x and z did not finish while y stalled")
+
+    gate.passed = False  # type: ignore[attr-defined]
+    injector = FaultInjector((FaultSpec("metadata-before-write", Action.EIO, stage="y"),))
+    injector.stage = "y"
+    faulty = FaultyStorage(setup.storage_root, injector)
+    errors: list[BaseException] = []
+    _threads(
+        [
+            lambda: _run_stage(setup, shape, "x", errors=errors),
+            lambda: _run_stage(setup, shape, "y", storage=faulty, fault=gate, errors=errors),
+            lambda: _run_stage(setup, shape, "z", errors=errors),
+        ]
+    )
+    assert errors == [] and len(injector.fired) == 1
+    views = probe.stages()
+    checkpoints = {c.checkpoint_id: c for c in probe.checkpoints()}
+    first = min(("x", "z"), key=lambda s: views[s].finish_threshold or 0)
+    threshold = views[first].finish_threshold
+    assert threshold is not None
+    failed, later = checkpoints[threshold], checkpoints[threshold + 1]
+    assert failed.state is CheckpointState.ABORTED
+    assert (failed.failure_reason or "").startswith("writing checkpoint metadata failed")
+    assert later.is_completed and later.triggered_at < (later.completed_at or 0)
+    assert all(views[s].lifecycle is StageLifecycle.CLOSED for s in ("x", "y", "z"))
+    assert views[first].closed_checkpoint_id == threshold + 1
+    closes = closes_after_later_checkpoints(
+        views, list(checkpoints.values()), last_acks(probe.engine, setup.pipeline_key), 600.0
+    )
+    assert [(c.stage_id, c.earlier, c.closed_on, c.overlapping) for c in closes] == [
+        (first, threshold, threshold + 1, True)
+    ]
+    probe.engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_failed_stage_attempt_is_retried_while_its_siblings_run(tmp_path: Path) -> None:
+    plan = _plan(
+        "diamond",
+        attempts=[(FaultSpec("after-finish", Action.CRASH, stage="b"),)],
+        batch_sizes={"a": 1, "b": 1, "c": 1, "d": 2},
+    )
+    env = Environment(tmp_path / "campaign")
+    env.prepare(spark=False)
+    report = execute_concurrent_run(env, plan)
+    assert report.problems() == [], report.problems()
+    statuses = {o.label: o.status for o in report.attempts}
+    assert statuses["r0000.b.a1"] == "crashed" and statuses["r0000.b.a2"] == "completed"
+    assert {statuses[f"r0000.{s}.a1"] for s in "acd"} == {"completed"}
+    assert [f["point"] for f in report.fired] == ["after-finish"]
+
+
+@pytest.mark.slow
+def test_a_run_that_outlives_its_timeout_is_reported_hung(tmp_path: Path) -> None:
+    stall = FaultSpec("before-batch", Action.DELAY, stage="a", delay_s=5.0)
+    plan = _plan("diamond", attempts=[(stall,)])
+    _env, setup = _setup(tmp_path, plan)
+    scheduler = StageScheduler(plan, setup, SHAPES["diamond"], run_timeout_s=1.0)
+    start = time.monotonic()
+    scheduler.run()
+    assert time.monotonic() - start < 4.5  # it did not wait for the stalled stage
+    assert scheduler.hung and scheduler.running == {}
+    assert [(o.label, o.status) for o in scheduler.outcomes] == [("r0000.a.a1", "hung")]

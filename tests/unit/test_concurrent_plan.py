@@ -1,0 +1,137 @@
+"""Pure parts of the concurrent fault campaign: shapes, plans and the out-of-order count.
+
+``closes_after_later_checkpoints`` is what the campaign reports as out-of-order completions; it
+must tell a checkpoint that was still pending when the later one was triggered (FLIP-147's "43
+completes first") from one that had already failed before (a plain retry).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from airflow_finalckpt.core.coordinator import CheckpointInfo, StageView
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointState,
+    StageLifecycle,
+    StageSnapshot,
+    TriggerReason,
+)
+from airflow_finalckpt.core.plan import CheckpointPlan
+from airflow_finalckpt.faults.concurrent import (
+    CONCURRENT,
+    ShapeCoverage,
+    closes_after_later_checkpoints,
+    plan_concurrent,
+    stage_points,
+    straggler,
+)
+from airflow_finalckpt.faults.points import POINTS, Action
+from airflow_finalckpt.faults.shapes import PUBLISH, SHAPES, reference_rows
+
+EMPTY_PLAN = CheckpointPlan((), (), (), ())
+
+
+def _checkpoint(
+    cid: int, triggered: float, completed: float | None = None, reason: str | None = None
+) -> CheckpointInfo:
+    state = CheckpointState.COMPLETED if completed is not None else CheckpointState.ABORTED
+    return CheckpointInfo(
+        cid,
+        CheckpointKind.CHECKPOINT,
+        TriggerReason.EAGER_FINAL,
+        state,
+        EMPTY_PLAN,
+        0,
+        triggered,
+        completed,
+        reason,
+        None,
+        None,
+    )
+
+
+def _closed(threshold: int, closed_on: int) -> StageView:
+    return StageView(
+        "x", StageLifecycle.CLOSED, 1, 2, StageSnapshot(), threshold, StageSnapshot(), closed_on
+    )
+
+
+@pytest.mark.parametrize(
+    ("reason", "acks", "overlapping"),
+    [
+        ("subsumed by checkpoint 43", {}, True),
+        ("writing checkpoint metadata failed: EIO", {42: 10.5}, True),  # failed in 43's ack
+        ("writing checkpoint metadata failed: EIO", {42: 10.1}, False),  # failed before 43
+        ("timed out after 1 s", {}, True),  # 10.0 + 1 s >= 10.2: still pending at 43
+    ],
+)
+def test_a_close_past_a_failed_candidate_is_out_of_order_only_if_it_overlapped(
+    reason: str, acks: dict[int, float], overlapping: bool
+) -> None:
+    checkpoints = [_checkpoint(42, 10.0, reason=reason), _checkpoint(43, 10.2, completed=10.6)]
+    [close] = closes_after_later_checkpoints({"x": _closed(42, 43)}, checkpoints, acks, 1.0)
+    assert (close.stage_id, close.threshold, close.earlier, close.closed_on) == ("x", 42, 42, 43)
+    assert close.overlapping is overlapping
+
+
+def test_a_close_on_the_first_candidate_is_in_order() -> None:
+    checkpoints = [_checkpoint(42, 10.0, completed=10.1), _checkpoint(43, 10.2, completed=10.3)]
+    assert closes_after_later_checkpoints({"x": _closed(42, 42)}, checkpoints, {}, 1.0) == []
+
+
+def test_every_planned_fault_is_at_a_point_its_stage_passes() -> None:
+    plans = plan_concurrent(60, seed=4, first_index=100)
+    assert [p.run_id for p in plans[:2]] == ["r0100", "r0101"]
+    assert {p.shape for p in plans} == set(SHAPES) and {p.kind for p in plans} == {CONCURRENT}
+    for plan in plans:
+        shape = SHAPES[plan.shape or ""]
+        for attempt in plan.attempts:
+            for spec in attempt:
+                assert spec.stage in shape.stage_ids
+                assert spec.action in POINTS[spec.point].actions
+                role = shape.stage(spec.stage or "").role
+                if POINTS[spec.point].sink_stage_only:
+                    assert role == PUBLISH, spec
+    assert plan_concurrent(60, seed=4, first_index=100) == plans  # deterministic per seed
+
+
+def test_stage_points_leave_out_what_a_stage_never_passes() -> None:
+    shape = SHAPES["fan"]
+    assert "sink-mid-write" not in stage_points(shape, "wa")
+    assert "sink-mid-write" in stage_points(shape, "pa")
+    assert "state-mid-write" not in stage_points(shape, "pa")
+    assert "sink-before-abort" not in stage_points(shape, "pa")  # needs an orphan first
+
+
+def test_coverage_arms_every_point_of_a_stage_before_repeating_one() -> None:
+    coverage = ShapeCoverage(random.Random(1))
+    shape = SHAPES["diamond"]
+    points = stage_points(shape, "d")
+    drawn = [coverage.next_point(shape, "d") for _ in points]
+    assert sorted(drawn) == sorted(points)
+
+
+def test_a_straggler_is_the_slowest_parallel_stage_and_fails_its_first_completion() -> None:
+    shape = SHAPES["wide"]
+    sizes = dict.fromkeys(shape.stage_ids, 2)
+    specs = straggler(random.Random(3), shape, [], sizes)
+    slow = {s.stage for s in specs}
+    assert len(slow) == 1 and slow <= set(shape.parallel)
+    assert sizes[slow.pop()] == 1 and sizes["src"] == 1
+    assert sorted(sizes[s] for s in shape.parallel) == [1, 4, 4]
+    [write] = [s for s in specs if s.point == "metadata-before-write"]
+    assert write.nth == 1 and write.action in (Action.EIO, Action.ENOSPC)
+
+
+def test_the_reference_has_every_branch_with_its_own_key_prefix() -> None:
+    for name, prefixes in {
+        "diamond": {"b", "c"},
+        "fan": {"a", "b"},
+        "wide": {"x", "y", "z"},
+    }.items():
+        rows = reference_rows(SHAPES[name])
+        assert {r["key"].split(":")[0] for r in rows} == prefixes
+        assert len({(r["key"], r["window_start"]) for r in rows}) == len(rows)
