@@ -517,6 +517,31 @@ class Coordinator:
                 "running DAG run cannot change)"
             )
 
+    def closed_before_dag_run(self, stage_id: str, dag_id: str, run_id: str) -> bool:
+        """Whether the stage is CLOSED and its row was last changed before this DAG run joined
+        the pipeline: its commit belongs to (and was announced by) an earlier DAG run, so this
+        run only re-publishes its end_of_data. A stage closed within this DAG run (say by an
+        attempt killed before Airflow recorded its success) is not: its commit is still news."""
+        with self._read() as conn:
+            row = conn.execute(
+                select(t.stages.c.lifecycle, t.stages.c.updated_at).where(
+                    t.stages.c.pipeline_key == self.pipeline_key,
+                    t.stages.c.stage_id == stage_id,
+                )
+            ).first()
+            linked = conn.execute(
+                select(t.dag_runs.c.created_at).where(
+                    t.dag_runs.c.dag_id == dag_id,
+                    t.dag_runs.c.run_id == run_id,
+                    t.dag_runs.c.pipeline_key == self.pipeline_key,
+                )
+            ).scalar()
+        if row is None or linked is None:
+            return False
+        return row.lifecycle == StageLifecycle.CLOSED.value and float(row.updated_at) < float(
+            linked
+        )
+
     def dag_runs(self) -> list[tuple[str, str]]:
         """The (dag_id, run_id) pairs of the DAG runs this pipeline run spans, oldest first."""
         with self._read() as conn:

@@ -200,6 +200,10 @@ class FinalCheckpointStageOperator(BaseOperator):
         if (line := started.describe()) is not None:
             self.log.warning("pipeline %s: %s", key, line)
         self._log_resume_point(coordinator)
+        # closed by an earlier DAG run: this attempt only re-publishes, no new Asset event
+        self._republish = coordinator.closed_before_dag_run(
+            self.stage_id, self.dag_id, context["run_id"]
+        )
 
         splits, manifests = self._splits(context)
         run = self._run_stage(context, key, coordinator, settings, storage, splits, manifests)
@@ -327,7 +331,7 @@ class FinalCheckpointStageOperator(BaseOperator):
     ) -> Any:
         eod = runner.try_close()
         if eod is not None:
-            return self._publish(context, eod)
+            return self._publish(context, eod, runner.coordinator)
         from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger
 
         assert runner.epoch is not None
@@ -370,7 +374,7 @@ class FinalCheckpointStageOperator(BaseOperator):
                 f"stage {self.stage_id!r}: checkpoint {event.get('checkpoint_id')} was reported "
                 "closable but the stage cannot close"
             )
-        return self._publish(context, eod)
+        return self._publish(context, eod, coordinator)
 
     def _expect_event(
         self, event: Mapping[str, Any] | None, status: str, waiting_for: str
@@ -385,7 +389,10 @@ class FinalCheckpointStageOperator(BaseOperator):
             )
         return event
 
-    def _publish(self, context: Context, eod: EndOfData) -> dict[str, Any]:
+    def _publish(
+        self, context: Context, eod: EndOfData, coordinator: Coordinator | None = None
+    ) -> dict[str, Any]:
+        self._announce_commit(context, coordinator)
         doc = eod.model_dump(mode="json")
         context["ti"].xcom_push(key=END_OF_DATA_KEY, value=doc)
         self.log.info(
@@ -396,6 +403,42 @@ class FinalCheckpointStageOperator(BaseOperator):
             eod.finished_at_checkpoint,
         )
         return doc
+
+    def _announce_commit(self, context: Context, coordinator: Coordinator | None) -> None:
+        """Asset events mark committed data: one per commit, emitted by the success of the
+        attempt that made it visible, never by a re-published end_of_data (a CLOSED stage in a
+        continuation run would make Asset-scheduled DAGs run again on no new data). The event
+        extra names the pipeline, the checkpoint the stage closed on and the rows committed."""
+        if not self.outlets:
+            return
+        if getattr(self, "_republish", False):
+            self.log.info(
+                "stage %s was committed by an earlier DAG run: end_of_data re-published, no "
+                "Asset event for %s",
+                self.stage_id,
+                ", ".join(str(getattr(o, "name", o)) for o in self.outlets),
+            )
+            self.outlets = []  # Airflow emits the events of ti.task.outlets at success
+            return
+        if coordinator is None:
+            return
+        from airflow.sdk import Asset
+
+        view = coordinator.stage(self.stage_id)
+        rows: dict[str, int] = {}
+        for txn, state in coordinator.transactions(self.stage_id):
+            if state == "COMMITTED":
+                rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
+        extra: dict[str, Any] = {
+            "pipeline_key": coordinator.pipeline_key,
+            "stage_id": self.stage_id,
+            "checkpoint_id": view.closed_checkpoint_id,
+            "rows": sum(rows.values()),
+            "rows_by_sink": rows,
+        }
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra.update(extra)
 
     def _log_resume_point(self, coordinator: Coordinator) -> None:
         latest = coordinator.latest_completed()
