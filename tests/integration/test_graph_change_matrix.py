@@ -319,3 +319,22 @@ def test_allow_drop_stages_accepts_a_list_or_one_id() -> None:
     assert parse_allow_drop_stages(None) == ()
     assert parse_allow_drop_stages("b") == ("b",)
     assert parse_allow_drop_stages(["b", " r ", "b"]) == ("b", "r")
+
+
+def test_dry_run_of_an_already_restored_path_checks_the_stored_progress(
+    pipeline: Pipeline,
+) -> None:
+    """A second run restoring the same path continues the stored progress (the restore is
+    applied once per source): the dry run says so and checks what that run will check."""
+    after = next(e for e in EDITS if e.name == "add-stage-after")
+    pipeline.coord.start_pipeline(after.graph, record=pipeline.record, source=pipeline.savepoint)
+    control = PipelineControl(pipeline.engine, pipeline.storage)
+    check = control.plan_restore(DAG, pipeline.savepoint, lambda _dag: ORIGINAL)
+    assert check.mode == "continue" and check.plan is not None
+    assert check.plan["forgotten"] == ["n"] and check.plan["dropped_stages"] == []
+    renamed = next(e for e in EDITS if e.name == "rename-stage")
+    before = pipeline.snapshot()
+    with pytest.raises(IllegalGraphChangeError) as info:
+        control.plan_restore(DAG, pipeline.savepoint, lambda _dag: renamed.graph)
+    assert (info.value.stage_id, info.value.rule) == ("b", REKEYED_STAGE)
+    assert pipeline.snapshot() == before
