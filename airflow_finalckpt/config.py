@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class FinalCkptSettings:
     retain_checkpoints: int = 3
     store_connect_retries: int = 5
     store_connect_backoff_s: float = 1.0
+    target_batch_s: float = DEFAULT_TARGET_BATCH_S
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def masked_store_url(self) -> str:
@@ -98,6 +100,7 @@ class FinalCkptSettings:
             "retain_checkpoints": repr(self.retain_checkpoints),
             "store_connect_retries": repr(self.store_connect_retries),
             "store_connect_backoff_s": repr(self.store_connect_backoff_s),
+            "target_batch_s": repr(self.target_batch_s),
         }
         return "\n".join(
             f"{name} = {value} ({self.sources.get(name, 'unknown source')})"
@@ -413,6 +416,7 @@ PARSERS: dict[str, Parser] = {
     "retain_checkpoints": parse_retain_count,
     "store_connect_retries": parse_retry_count,
     "store_connect_backoff_s": parse_positive_seconds,
+    "target_batch_s": parse_positive_seconds,
 }
 
 
@@ -429,6 +433,8 @@ def _default(name: str) -> Any:
         # first wait between attempts (doubling, at most 30 s): 1+2+4+8+16 s by default.
         "store_connect_retries": 5,
         "store_connect_backoff_s": 1.0,
+        # Auto split batches last about this long (core/batching.py, docs/benchmarks.md).
+        "target_batch_s": DEFAULT_TARGET_BATCH_S,
     }
     return defaults[name]
 

@@ -190,6 +190,7 @@ class Ours:
                 batch_sizes=self.batch_sizes,
                 checkpoint_interval_s=self.interval,
                 fault=hook,
+                hints=getattr(self, "hints", None),
             )
         finally:
             for name, method in originals.items():

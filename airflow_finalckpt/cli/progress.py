@@ -29,6 +29,7 @@ from rich.text import Text
 
 from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
 from airflow_finalckpt.cli.checkpoints import info_to_json
+from airflow_finalckpt.core.batching import Throughput
 from airflow_finalckpt.core.coordinator import (
     CheckpointInfo,
     Coordinator,
@@ -44,6 +45,8 @@ from airflow_finalckpt.core.model import (
     StopMode,
     StopState,
 )
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.hints import read_batch_throughput
 
 EXIT_FAILURE = 1
 EXIT_ERROR = 2
@@ -140,8 +143,50 @@ def _settled(views: Mapping[str, StageView], stop: StopRequest | None) -> bool:
     return all(v.lifecycle in settled for v in views.values())
 
 
-def progress_document(coordinator: Coordinator) -> dict[str, Any]:
-    """The ``progress --json`` document; raises UnknownPipelineError for an unknown key."""
+def batch_document(throughput: Throughput | None) -> dict[str, Any] | None:
+    """A stage's latest split batch and measured throughput (auto batches), for people."""
+    if throughput is None or not throughput.samples:
+        return None
+    last = throughput.samples[-1]
+    unit = "bytes" if throughput.by_bytes else "splits"
+    return {
+        "last_batch_splits": last.splits,
+        "last_batch_s": round(last.seconds, 3),
+        "recent_batch_splits": [s.splits for s in throughput.samples],
+        f"{unit}_per_s": round(throughput.units_per_s(), 3),
+        "fixed_s_per_batch": round(throughput.fixed_s, 3),
+    }
+
+
+def _batch_text(stage: Mapping[str, Any]) -> str:
+    doc = stage.get("batches")
+    if not doc:
+        return ""
+    rate = (
+        f"{doc['bytes_per_s'] / 1e6:.1f} MB/s"
+        if "bytes_per_s" in doc
+        else f"{doc['splits_per_s']:.2f} splits/s"
+    )
+    return f"last batch {doc['last_batch_splits']} splits in {doc['last_batch_s']:.1f}s, {rate}"
+
+
+def _storage_or_none(store_url: str | None) -> CheckpointStorage | None:
+    """The checkpoint storage from the settings; None when they cannot be read (progress still
+    shows splits, without batch throughput)."""
+    try:
+        from airflow_finalckpt.config import load_settings
+
+        settings = load_settings({"store_url": store_url} if store_url else None)
+        return CheckpointStorage(settings.storage_uri, settings.storage_options)
+    except Exception:
+        return None
+
+
+def progress_document(
+    coordinator: Coordinator, storage: CheckpointStorage | None = None
+) -> dict[str, Any]:
+    """The ``progress --json`` document; raises UnknownPipelineError for an unknown key.
+    With ``storage``, each stage also shows its latest split batch and throughput."""
     graph = coordinator.graph()
     views = coordinator.stages()
     history = coordinator.checkpoints(limit=50)
@@ -170,6 +215,9 @@ def progress_document(coordinator: Coordinator) -> dict[str, Any]:
                 "finish_threshold": view.finish_threshold,
                 "closed_checkpoint_id": view.closed_checkpoint_id,
                 "checkpoint": _stage_checkpoint(view, completed, statuses),
+                "batches": None
+                if storage is None
+                else batch_document(read_batch_throughput(storage, coordinator.pipeline_key, sid)),
             }
         )
     return {
@@ -245,6 +293,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         TextColumn("{task.fields[pct]:>6}"),
         TextColumn("{task.fields[lifecycle]}"),
         TextColumn("{task.fields[checkpoint]}"),
+        TextColumn("{task.fields[batch]}", style="dim"),
         auto_refresh=False,
         expand=False,
     )
@@ -262,6 +311,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             pct="" if stage["percent"] is None else f"{stage['percent']:.0f}%",
             lifecycle=f"[{style}]{lifecycle.value:<11}[/{style}]",
             checkpoint=_checkpoint_text(stage),
+            batch=_batch_text(stage),
         )
     if not doc["stages"]:
         return Group(_header(doc), Text("no stages registered"))
@@ -294,12 +344,13 @@ def progress(
     """Show every stage's progress: splits, lifecycle and latest checkpoint."""
     with _errors(store_url):
         coordinator = _coordinator(store_url, pipeline)
-        doc = progress_document(coordinator)
+        storage = _storage_or_none(store_url)
+        doc = progress_document(coordinator, storage)
     if not watch:
         _emit(doc, as_json)
         return
     try:
-        doc = _watch(coordinator, doc, interval, as_json, store_url)
+        doc = _watch(coordinator, doc, interval, as_json, store_url, storage)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
@@ -320,6 +371,7 @@ def _watch(
     interval: float,
     as_json: bool,
     store_url: str | None,
+    storage: CheckpointStorage | None = None,
 ) -> dict[str, Any]:
     """Poll until done. On a terminal: one live display; piped: a snapshot per change; with
     --json: silent (the caller prints the final document)."""
@@ -328,7 +380,7 @@ def _watch(
     def poll() -> dict[str, Any]:
         time.sleep(interval)
         with _errors(store_url):
-            return progress_document(coordinator)
+            return progress_document(coordinator, storage)
 
     if as_json:
         while not doc["done"]:

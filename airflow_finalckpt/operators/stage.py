@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, policy_from
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
@@ -60,6 +61,11 @@ class StageRun:
     spark_started: bool
 
 
+def hints_scope(dag_id: str) -> str:
+    """Measured batch throughput is shared by the runs of one DAG (a path-safe name)."""
+    return "dag-" + _UNSAFE.sub("-", dag_id)[:190]
+
+
 def default_pipeline_key(dag_id: str, run_id: str) -> str:
     """One pipeline run per DAG run unless the conf names one (``pipeline_key``)."""
     return _UNSAFE.sub("-", f"{dag_id}.{run_id}")[:200]
@@ -79,6 +85,11 @@ class FinalCheckpointStageOperator(BaseOperator):
     :param sinks: two-phase-commit sinks the batch outputs go to.
     :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
         run id, or ``dag_run.conf["pipeline_key"]``).
+    :param batch_size: ``"auto"`` (default): batches sized from measured throughput to last
+        about ``target_batch_s``; or a fixed number of splits per batch.
+    :param target_batch_s: how long an auto batch should take (default: ``[finalckpt]
+        target_batch_s``, 30 s): a crash redoes at most one batch, a stop with savepoint answers
+        within one.
     :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
     :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
         connection's master (``spark_default``), else ``local[*]``.
@@ -99,7 +110,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         primary_input: str | None = None,
         sinks: Sequence[TwoPhaseCommitSink] = (),
         pipeline_key: str | None = None,
-        batch_size: int = 10,
+        batch_size: int | str = "auto",
+        target_batch_s: float | None = None,
         checkpoint_interval: timedelta | float | None = None,
         commit_mode: CommitMode | str = CommitMode.PROGRESSIVE,
         spark_master: str | None = None,
@@ -119,9 +131,12 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.primary_input = primary_input
         self.sinks = list(sinks)
         self.pipeline_key = pipeline_key
-        if batch_size < 1:
-            raise ValueError(f"stage {self.stage_id!r}: batch_size must be >= 1, got {batch_size}")
+        try:
+            policy_from(batch_size, target_batch_s)
+        except ValueError as exc:
+            raise ValueError(f"stage {self.stage_id!r}: {exc}") from None
         self.batch_size = batch_size
+        self.target_batch_s = target_batch_s
         if isinstance(checkpoint_interval, timedelta):
             checkpoint_interval = checkpoint_interval.total_seconds()
         self.checkpoint_interval = checkpoint_interval
@@ -297,7 +312,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             sinks=self.sinks,
             upstream_manifests=dict(manifests),
         )
-        runner = self._runner(coordinator, key, settings, splits, logic)
+        runner = self._runner(coordinator, key, settings, splits, logic, storage)
         result = runner.run()
         return StageRun(result=result, runner=runner, spark_started=logic.spark_started)
 
@@ -308,7 +323,10 @@ class FinalCheckpointStageOperator(BaseOperator):
         settings: Any,
         splits: Sequence[str],
         logic: Any,
+        storage: Any = None,
     ) -> StageRunner:
+        from airflow_finalckpt.storage.hints import StorageThroughputHints
+
         interval = self.checkpoint_interval or settings.checkpoint_interval_s
         return StageRunner(
             coordinator,
@@ -319,12 +337,21 @@ class FinalCheckpointStageOperator(BaseOperator):
                 batch_size=self.batch_size,
                 checkpoint_interval_s=float(interval),
                 commit_mode=self.commit_mode,
+                target_batch_s=self._target_batch_s(settings),
             ),
             logic,
             self.sinks,
             output_handle=getattr(logic, "output_handle", None),
             log=self.log,
+            hints=StorageThroughputHints(storage, hints_scope(self.dag_id), key)
+            if storage
+            else None,
         )
+
+    def _target_batch_s(self, settings: Any) -> float:
+        if self.target_batch_s is not None:
+            return float(self.target_batch_s)
+        return float(getattr(settings, "target_batch_s", DEFAULT_TARGET_BATCH_S))
 
     def _wait_and_close(
         self, context: Context, runner: StageRunner, key: str, settings: Any
@@ -557,6 +584,8 @@ class FinalCheckpointStageOperator(BaseOperator):
             stage_id=self.stage_id,
             splits=splits,
             batch_size=self.batch_size,
+            target_batch_s=self._target_batch_s(settings),
+            hints_scope=hints_scope(self.dag_id),
             checkpoint_interval_s=float(interval),
             commit_mode=self.commit_mode.value,
             upstream_manifests=manifests,

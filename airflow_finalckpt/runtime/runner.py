@@ -22,7 +22,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from airflow_finalckpt.core.assignment import batches, remaining_splits
+from airflow_finalckpt.core.assignment import remaining_splits
+from airflow_finalckpt.core.batching import (
+    DEFAULT_MAX_BATCH_SPLITS,
+    DEFAULT_TARGET_BATCH_S,
+    BatchPolicy,
+    BatchSample,
+    Throughput,
+    fit,
+    next_batch_size,
+    policy_from,
+)
 from airflow_finalckpt.core.coordinator import Coordinator, StopRequest, draining, suspends
 from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
@@ -60,12 +70,24 @@ class RunStatus(StrEnum):
 
 @dataclass(frozen=True)
 class StageSpec:
+    """``batch_size``: ``"auto"`` (batches of about ``target_batch_s`` seconds) or a split count."""
+
     pipeline_key: str
     stage_id: str
     splits: tuple[str, ...]
-    batch_size: int = 10
+    batch_size: int | str = "auto"
     checkpoint_interval_s: float = 60.0
     commit_mode: CommitMode = CommitMode.PROGRESSIVE
+    target_batch_s: float = DEFAULT_TARGET_BATCH_S
+    max_batch_splits: int = DEFAULT_MAX_BATCH_SPLITS
+
+    def __post_init__(self) -> None:
+        self.policy  # noqa: B018 - validates batch_size and target_batch_s
+
+    @property
+    def policy(self) -> BatchPolicy:
+        base = policy_from(self.batch_size, self.target_batch_s)
+        return BatchPolicy(base.target_s, base.fixed, max_splits=self.max_batch_splits)
 
 
 @dataclass(frozen=True)
@@ -91,7 +113,8 @@ class Log(Protocol):
 
 
 class StageLogic(Protocol):
-    """What a stage does; the Spark adapter implements it."""
+    """What a stage does; the Spark adapter implements it (and may offer ``split_weights``:
+    the input bytes of each split, so auto batches are sized by bytes, not split counts)."""
 
     def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None: ...
 
@@ -109,6 +132,14 @@ class RunResult:
     savepoint_id: int | None = None
 
 
+class ThroughputHints(Protocol):
+    """Where a stage's measured batch throughput is kept between attempts and runs."""
+
+    def load(self, stage_id: str) -> Throughput | None: ...
+
+    def save(self, stage_id: str, throughput: Throughput) -> None: ...
+
+
 @dataclass
 class Progress:
     """Split progress of this attempt, for logs and progress bars."""
@@ -116,6 +147,68 @@ class Progress:
     total: int
     done: int
     processed: list[str] = field(default_factory=list)
+    #: (splits, seconds) of every batch of this attempt, and the current throughput estimate.
+    batches: list[tuple[int, float]] = field(default_factory=list)
+    throughput: Throughput | None = None
+
+
+class BatchSizer:
+    """Sizes an attempt's batches from the policy, the samples so far and a stored hint.
+
+    Weights are input bytes when the logic knows every pending split's size (upstream output
+    parts), else split counts; a hint measured in the other unit is ignored."""
+
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        weigh: Callable[[Sequence[str]], Sequence[int | None]] | None = None,
+        hint: Throughput | None = None,
+    ) -> None:
+        self.policy = policy
+        self._weigh = weigh
+        self._weights: dict[str, float] = {}
+        self._hint = hint
+        self.by_bytes: bool | None = None if weigh is not None else False
+        self.samples: list[BatchSample] = []
+        self.throughput: Throughput | None = None
+        if self.by_bytes is False:
+            self._use_hint()
+
+    def _use_hint(self) -> None:
+        if self._hint is not None and self._hint.by_bytes == self.by_bytes:
+            self.samples = list(self._hint.samples)
+            self.throughput = self._hint
+
+    def weights(self, splits: Sequence[str]) -> list[float]:
+        """Bytes per split (at least 1) when known for all of them, else 1 per split."""
+        if self.by_bytes is not False and self._weigh is not None:
+            missing = [s for s in splits if s not in self._weights]
+            found = list(self._weigh(missing)) if missing else []
+            if len(found) != len(missing) or any(w is None for w in found):
+                self.by_bytes, self.samples, self.throughput = False, [], None
+                self._use_hint()
+            else:
+                self._weights.update(
+                    {s: float(max(int(w or 0), 1)) for s, w in zip(missing, found, strict=True)}
+                )
+                if self.by_bytes is None:
+                    self.by_bytes = True
+                    self._use_hint()
+        if not self.by_bytes:
+            return [1.0] * len(splits)
+        return [self._weights[s] for s in splits]
+
+    def next_size(self, pending: Sequence[str]) -> int:
+        if self.policy.fixed is not None:
+            return min(self.policy.fixed, len(pending))
+        window = pending[: self.policy.max_splits]
+        weights = self.weights(window)
+        return next_batch_size(self.policy, self.throughput, weights)
+
+    def observe(self, splits: Sequence[str], seconds: float) -> None:
+        weight = sum(self.weights(splits))
+        self.samples.append(BatchSample(len(splits), weight, max(seconds, 0.0)))
+        self.throughput = fit(self.samples, by_bytes=bool(self.by_bytes))
 
 
 def batch_key(splits: Sequence[str]) -> str:
@@ -148,6 +241,8 @@ class StageRunner:
         clock: Callable[[], float] = time.monotonic,
         on_progress: Callable[[Progress], None] | None = None,
         fault: Callable[[str], None] | None = None,
+        hints: ThroughputHints | None = None,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.coordinator = coordinator
         self.spec = spec
@@ -158,6 +253,8 @@ class StageRunner:
         self.clock = clock
         self.on_progress = on_progress
         self.fault = fault or (lambda _point: None)
+        self.hints = hints
+        self.timer = timer
         self.epoch: int | None = None
 
     # ------------------------------------------------------------------ running
@@ -203,29 +300,30 @@ class StageRunner:
         progress = view.progress
         pending = remaining_splits(self.spec.splits, progress.finished_splits)
         outputs, state = _split_state(progress.state)
+        sizer = self._sizer()
         self.log.info(
-            "stage %s attempt epoch %d: %d of %d splits already finished, %d to process in "
-            "batches of %d",
+            "stage %s attempt epoch %d: %d of %d splits already finished, %d to process in %s%s",
             stage_id,
             self.epoch,
             len(progress.finished_splits),
             len(self.spec.splits),
             len(pending),
-            self.spec.batch_size,
+            self.spec.policy.describe(),
+            _describe_throughput(sizer.throughput, " (measured before: %s)"),
         )
         self.logic.restore(state, progress.watermark)
         tracker = Progress(total=len(self.spec.splits), done=len(progress.finished_splits))
         last_trigger = self.clock()
         drain = False
         unread = 0
-        todo = batches(pending, self.spec.batch_size) if pending else []
-        for index, splits in enumerate(todo):
+        index = 0
+        while pending:
             stop = self._batch_boundary()
             if suspends(stop):
                 return self._suspend(tracker)
             if source and draining(stop):
                 drain = True
-                unread = sum(len(b) for b in todo[index:])
+                unread = len(pending)
                 self.log.info(
                     "stop with drain: source stage %s stops taking input, %d of %d splits left "
                     "unread",
@@ -234,7 +332,11 @@ class StageRunner:
                     tracker.total,
                 )
                 break
+            splits = pending[: sizer.next_size(pending)]
+            pending = pending[len(splits) :]
             batch = Batch(index=index, key=batch_key(splits), splits=tuple(splits))
+            index += 1
+            started = self.timer()
             out = self._process(batch)
             if out.parts and self.output_handle is not None:
                 outputs = [*outputs, self.output_handle(batch, out.parts)]
@@ -255,8 +357,14 @@ class StageRunner:
                 self._abort_stale_transactions(txns)
                 raise
             self.fault("after-record-batch")
+            seconds = self.timer() - started
+            sizer.observe(batch.splits, seconds)
+            if self.hints is not None and sizer.throughput is not None and self.spec.policy.auto:
+                self.hints.save(stage_id, sizer.throughput)
             tracker.done += len(batch.splits)
             tracker.processed.extend(batch.splits)
+            tracker.batches.append((len(batch.splits), seconds))
+            tracker.throughput = sizer.throughput
             self._report(tracker, batch, outcome.acked)
             now = self.clock()
             if now - last_trigger >= self.spec.checkpoint_interval_s:
@@ -271,6 +379,14 @@ class StageRunner:
             return self._suspend(tracker)
         drain = drain or draining(stop) or self._upstream_drained(upstream)
         return self._finish(tracker, outputs, state, drain=drain, unread=unread)
+
+    def _sizer(self) -> BatchSizer:
+        policy = self.spec.policy
+        hint = None
+        if policy.auto and self.hints is not None:
+            hint = self.hints.load(self.spec.stage_id)
+        weigh = getattr(self.logic, "split_weights", None) if policy.auto else None
+        return BatchSizer(policy, weigh, hint)
 
     def _batch_boundary(self) -> StopRequest | None:
         """Fenced read before each batch: a zombie attempt stops here, before any Spark work."""
@@ -440,13 +556,17 @@ class StageRunner:
 
     def _report(self, tracker: Progress, batch: Batch, acked: Sequence[int]) -> None:
         pct = 100.0 * tracker.done / tracker.total if tracker.total else 100.0
+        splits, seconds = tracker.batches[-1] if tracker.batches else (len(batch.splits), 0.0)
         self.log.info(
-            "stage %s: %d/%d splits (%.0f%%) after batch %s%s",
+            "stage %s: %d/%d splits (%.0f%%) after batch %s (%d splits in %.2fs%s)%s",
             self.spec.stage_id,
             tracker.done,
             tracker.total,
             pct,
             batch.key,
+            splits,
+            seconds,
+            _describe_throughput(tracker.throughput, "; %s") if self.spec.policy.auto else "",
             f"; acknowledged checkpoints {list(acked)}" if acked else "",
         )
         if self.on_progress is not None:
@@ -525,6 +645,17 @@ class StageRunner:
                     sink.abort(
                         SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0)
                     )
+
+
+def _describe_throughput(throughput: Throughput | None, template: str) -> str:
+    """E.g. ``0.41 s/split + 0.30 s per batch``, placed in ``template``; "" when unknown."""
+    if throughput is None:
+        return ""
+    if throughput.by_bytes:
+        rate = f"{throughput.units_per_s() / 1e6:.1f} MB/s"
+    else:
+        rate = f"{throughput.units_per_s():.2f} splits/s"
+    return template % f"{rate} + {throughput.fixed_s:.2f}s per batch"
 
 
 def _parts_of(handle: StateHandle) -> list[str]:

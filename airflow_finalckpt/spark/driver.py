@@ -128,6 +128,7 @@ def run_job(job_uri: str) -> int:
         from pyspark.sql import SparkSession
 
         from airflow_finalckpt.spark.stage import SparkStageLogic
+        from airflow_finalckpt.storage.hints import StorageThroughputHints
 
         def session() -> SparkSession:
             spark = SparkSession.builder.getOrCreate()
@@ -159,12 +160,18 @@ def run_job(job_uri: str) -> int:
                 batch_size=job.batch_size,
                 checkpoint_interval_s=job.checkpoint_interval_s,
                 commit_mode=CommitMode(job.commit_mode),
+                target_batch_s=job.target_batch_s,
             ),
             logic,
             sinks,
             output_handle=logic.output_handle,
             log=log,
             on_progress=lambda _p: setattr(heartbeat, "epoch", runner.epoch if runner else None),
+            hints=(
+                StorageThroughputHints(storage, job.hints_scope, job.pipeline_key)
+                if job.hints_scope
+                else None
+            ),
         )
         log.info(
             "driver %s: stage %s of pipeline %s, %d splits, store %s, storage %s",

@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -23,6 +23,7 @@ from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX, Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
 
+T = TypeVar("T")
 STATE_PREFIX = "state:"
 GLOBAL_PREFIX = "global:"
 
@@ -88,6 +89,16 @@ class BatchContext:
         restored = self.logic.read_state(key)
         assert restored is not None
         return restored
+
+    def attempt_value(self, name: str, factory: Callable[[], T]) -> T:
+        """A value built once per stage attempt and reused by its batches, never checkpointed:
+        for what can be rebuilt from immutable inputs (e.g. broadcast dimension tables read
+        from files). Unlike ``global_state`` it costs no state files."""
+        assert self.logic is not None
+        memo = self.logic.attempt_memo
+        if name not in memo:
+            memo[name] = factory()
+        return memo[name]
 
     def set_watermark(self, watermark: int) -> None:
         self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
@@ -184,14 +195,15 @@ class SparkStageLogic:
             ) from exc
         parts: tuple[str, ...] = ()
         if frame is not None:
-            frame = frame.persist()
-            try:
-                part = f"data/{self.stage_id}/{key}"
-                frame.write.mode("overwrite").parquet(spark_path(self._resolve(part)))
+            part = f"data/{self.stage_id}/{key}"
+            location = spark_path(self._resolve(part))
+            frame.write.mode("overwrite").parquet(location)
+            if self.sinks:
+                # The sinks read the part just written instead of computing the frame again
+                # (or caching it for every batch of a stage without sinks).
+                written = self.spark.read.parquet(location)
                 for sink in self.sinks:
-                    sink.write_spark(txn_ids[sink.sink_id], frame)
-            finally:
-                frame.unpersist()
+                    sink.write_spark(txn_ids[sink.sink_id], written)
             parts = (part,)
         self.persist_state()
         self.watermark = ctx.watermark
@@ -245,6 +257,31 @@ class SparkStageLogic:
         if name.startswith(GLOBAL_PREFIX):
             self._global_frames[handle.path] = frame
         return frame
+
+    def split_weights(self, splits: Sequence[str]) -> list[int | None]:
+        """Bytes of each split that is an upstream output part (None for other splits): auto
+        batches are sized by input bytes. One recursive listing per upstream stage."""
+        sizes: list[int | None] = [None] * len(splits)
+        by_dir: dict[str, list[int]] = {}
+        for index, split in enumerate(splits):
+            stage_dir, _, key = split.rpartition("/")
+            if split.startswith("data/") and stage_dir.count("/") == 1 and key:
+                by_dir.setdefault(stage_dir, []).append(index)
+        fs = self.storage.fs
+        for stage_dir, indexes in by_dir.items():
+            try:
+                files = fs.find(self._resolve(stage_dir), detail=True)
+            except (OSError, ValueError):
+                continue
+            totals: dict[str, int] = {}
+            for path, info in files.items():
+                part = str(path).rstrip("/").split(f"/{stage_dir}/", 1)[-1].split("/", 1)[0]
+                totals[part] = totals.get(part, 0) + int(info.get("size") or 0)
+            for index in indexes:
+                key = splits[index].rpartition("/")[2]
+                if key in totals:
+                    sizes[index] = totals[key]
+        return sizes
 
     def read_parts(self, parts: Sequence[str]) -> DataFrame:
         if not parts:

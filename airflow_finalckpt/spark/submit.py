@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_finalckpt.config import env_var_name
+from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError, FinalCheckpointError
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.runtime.runner import RunResult, RunStatus
@@ -201,12 +202,15 @@ class DriverJob:
     pipeline_key: str
     stage_id: str
     splits: tuple[str, ...]
-    batch_size: int
+    batch_size: int | str
     checkpoint_interval_s: float
     commit_mode: str
     upstream_manifests: dict[str, list[str]]
     storage_uri: str
     store_url_masked: str
+    target_batch_s: float = DEFAULT_TARGET_BATCH_S
+    #: Where measured batch throughput is shared (the DAG); None: not kept.
+    hints_scope: str | None = None
     code: dict[str, str | None] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
@@ -358,13 +362,15 @@ class SubmitLauncher:
         pipeline_key: str,
         stage_id: str,
         splits: Sequence[str],
-        batch_size: int,
+        batch_size: int | str,
         checkpoint_interval_s: float,
         commit_mode: str,
         upstream_manifests: Mapping[str, list[str]],
         transform: Callable[..., Any],
         on_finish: Callable[..., Any] | None,
         sinks: Sequence[Any],
+        target_batch_s: float = DEFAULT_TARGET_BATCH_S,
+        hints_scope: str | None = None,
     ) -> tuple[DriverJob, bytes | None]:
         submission_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         code: dict[str, str | None] = {}
@@ -386,6 +392,8 @@ class SubmitLauncher:
             stage_id=stage_id,
             splits=tuple(splits),
             batch_size=batch_size,
+            target_batch_s=float(target_batch_s),
+            hints_scope=hints_scope,
             checkpoint_interval_s=float(checkpoint_interval_s),
             commit_mode=str(commit_mode),
             upstream_manifests={k: list(v) for k, v in upstream_manifests.items()},

@@ -37,6 +37,10 @@ from airflow_finalckpt.storage.paths import (
     validate_state_path,
 )
 
+#: Advisory files shared across the runs of a scope (e.g. a stage's measured batch throughput);
+#: never a pipeline directory, since a pipeline key cannot start with '='.
+HINTS_DIR = "=hints"
+
 
 @dataclass(frozen=True)
 class CheckpointLocation:
@@ -270,6 +274,23 @@ class CheckpointStorage:
         ids = (parse_checkpoint_dir_name(posixpath.basename(str(e).rstrip("/"))) for e in entries)
         return fs_dir, [i for i in ids if i is not None]
 
+    # -- hints ------------------------------------------------------------------------------
+
+    def _hint_fs_path(self, scope: str, name: str) -> str:
+        return self._under_root(HINTS_DIR, validate_pipeline_key(scope), f"{name}.json")
+
+    def read_hint(self, scope: str, name: str) -> bytes | None:
+        """A small advisory file shared by the runs of one scope (e.g. a DAG); None if absent."""
+        return self._read_bytes(self._hint_fs_path(scope, validate_pipeline_key(name)))
+
+    def write_hint(self, scope: str, name: str, data: bytes) -> None:
+        """Atomically replace an advisory file (e.g. a stage's measured batch throughput)."""
+        fs_path = self._hint_fs_path(scope, validate_pipeline_key(name))
+        try:
+            atomic_write(self.fs, fs_path, bytes(data))
+        except OSError as exc:
+            raise StorageError(f"cannot write {self._public(fs_path)}: {exc}") from exc
+
     # -- state files ------------------------------------------------------------------------
 
     def write_state(
@@ -288,6 +309,10 @@ class CheckpointStorage:
             size=len(payload),
             sha256=hashlib.sha256(payload).hexdigest(),
         )
+
+    def read_file(self, pipeline_key: str, relpath: str) -> bytes | None:
+        """A file under the pipeline dir, unverified (no handle); None if it does not exist."""
+        return self._read_bytes(self._state_fs_path(pipeline_key, relpath))
 
     def read_state(self, pipeline_key: str, handle: StateHandle) -> bytes:
         """The state file's bytes, verified against the handle's size and sha256."""

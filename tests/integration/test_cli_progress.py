@@ -296,3 +296,26 @@ def test_gc_blocked_by_unreadable_checkpoint_exits_2(env: Env) -> None:
     assert code == 2, out
     assert f"checkpoint {latest.checkpoint_id}" in err and "Traceback" not in err
     assert stale.exists()
+
+
+def test_progress_shows_the_latest_auto_batch_and_throughput(env: Env) -> None:
+    from airflow_finalckpt.core.batching import BatchSample, fit
+    from airflow_finalckpt.storage.hints import StorageThroughputHints
+
+    _advance(env.coord)
+    model = fit([BatchSample(1, 1.0, 2.0), BatchSample(9, 9.0, 6.0)])
+    assert model is not None
+    StorageThroughputHints(env.storage, "dag-demo", KEY).save("enrich", model)
+    code, out, _ = env.invoke("progress", "--pipeline", KEY, "--json")
+    assert code == 0, out
+    stages = {s["stage_id"]: s for s in json.loads(out)["stages"]}
+    assert stages["enrich"]["batches"] == {
+        "last_batch_splits": 9,
+        "last_batch_s": 6.0,
+        "recent_batch_splits": [1, 9],
+        "splits_per_s": 2.0,
+        "fixed_s_per_batch": 1.5,
+    }
+    assert stages["ingest"]["batches"] is None  # nothing measured for it
+    code, out, _ = env.invoke("progress", "--pipeline", KEY)
+    assert code == 0 and "last batch 9 splits in 6.0s, 2.00 splits/s" in out

@@ -9,7 +9,7 @@ planes, weather) -> delay_windows (hourly event-time windows per origin airport)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
@@ -50,12 +50,15 @@ def build_dag(
     crash_hard: Knob[bool] = False,
     asset: str = "nycflights13_delay_windows",
     doc_md: str | None = None,
+    batch_sizes: Mapping[str, int | str] | None = None,
 ) -> DAG:
     """The example pipeline DAG.
 
     :param sql_url: the SQL sink database (default: SQLite in ``output_dir``).
     :param ingest_delay_s: / :param enrich_delay_s: seconds each batch of that stage sleeps
         (tests use them to stop or kill a stage mid-way reliably).
+    :param batch_sizes: per stage, a fixed split count instead of the default ``"auto"``
+        (tests that need a known batch structure).
     :param crash: ``"enrich:N"``: the first enrich attempt fails after N batches (``crash_hard``:
         by killing its own process, like SIGKILL).
 
@@ -63,6 +66,7 @@ def build_dag(
     environment, so a test can change them between DAG runs).
     """
     sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    sizes = dict(batch_sizes or {})
     with DAG(
         dag_id=dag_id,
         schedule=None,
@@ -79,18 +83,21 @@ def build_dag(
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
 
-        @finalckpt_stage(splits=lambda: open_layout(input_dir).split_ids, batch_size=7)
+        @finalckpt_stage(
+            splits=lambda: open_layout(input_dir).split_ids,
+            batch_size=sizes.get("ingest", "auto"),
+        )
         def ingest(ctx: BatchContext) -> DataFrame | None:
             time.sleep(_value(ingest_delay_s))
             return stages.ingest_transform(input_dir)(ctx)
 
-        @finalckpt_stage(batch_size=1)
+        @finalckpt_stage(batch_size=sizes.get("enrich", "auto"))
         def enrich(ctx: BatchContext) -> DataFrame | None:
             time.sleep(_value(enrich_delay_s))
             stages.crash_if_requested(ctx, _value(crash), hard=_value(crash_hard))
             return stages.enrich_transform(input_dir)(ctx)
 
-        @finalckpt_stage(batch_size=4)
+        @finalckpt_stage(batch_size=sizes.get("delay_windows", "auto"))
         def delay_windows(ctx: BatchContext) -> DataFrame | None:
             return stages.windows_transform(ctx)
 
@@ -99,7 +106,7 @@ def build_dag(
             return stages.windows_finish(ctx)
 
         @finalckpt_stage(
-            batch_size=4,
+            batch_size=sizes.get("publish", "auto"),
             commit_mode="final",
             # The task succeeds only after its sinks committed: the asset event marks
             # committed data.

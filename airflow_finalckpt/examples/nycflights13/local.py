@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import EndOfData
@@ -25,6 +26,7 @@ from airflow_finalckpt.runtime.runner import (
     RunStatus,
     StageRunner,
     StageSpec,
+    ThroughputHints,
 )
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.spark.stage import SparkStageLogic
@@ -58,13 +60,18 @@ def run_example_locally(
     storage: CheckpointStorage,
     sinks: Sequence[TwoPhaseCommitSink],
     *,
-    batch_sizes: Mapping[str, int] | None = None,
+    batch_sizes: Mapping[str, int | str] | None = None,
+    target_batch_s: float | None = None,
+    hints: ThroughputHints | None = None,
     commit_mode: CommitMode = CommitMode.PROGRESSIVE,
     checkpoint_interval_s: float = 60.0,
     fault: Callable[[str, str], None] | None = None,
     close_timeout_s: float = 60.0,
 ) -> LocalRun:
-    """Run every stage to CLOSED (raises whatever a stage raises, e.g. an injected fault)."""
+    """Run every stage to CLOSED (raises whatever a stage raises, e.g. an injected fault).
+
+    ``batch_sizes``: per stage, ``"auto"`` (default) or a split count; ``hints``: where measured
+    batch throughput is kept between runs (None: every run probes afresh)."""
     coordinator.register(example_graph())
     layout = open_layout(input_dir)
     run = LocalRun()
@@ -92,7 +99,8 @@ def run_example_locally(
                 pipeline_key=coordinator.pipeline_key,
                 stage_id=stage_id,
                 splits=splits,
-                batch_size=(batch_sizes or {}).get(stage_id, 10),
+                batch_size=(batch_sizes or {}).get(stage_id, "auto"),
+                target_batch_s=target_batch_s or DEFAULT_TARGET_BATCH_S,
                 commit_mode=commit_mode,
                 checkpoint_interval_s=checkpoint_interval_s,
             ),
@@ -100,6 +108,7 @@ def run_example_locally(
             stage_sinks,
             output_handle=logic.output_handle,
             fault=_stage_fault(fault, stage_id),
+            hints=hints,
         )
         result = runner.run()
         run.results[stage_id] = result

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,14 +18,14 @@ from pyspark.sql import DataFrame
 
 from airflow_finalckpt.examples.nycflights13.data import open_layout, split_path
 from airflow_finalckpt.examples.nycflights13.transforms import (
-    DIMENSION_TABLES,
     delay_windows,
     enrich,
     flush_delay_windows,
     ingest,
     load_dims,
+    verify_dims,
 )
-from airflow_finalckpt.spark.stage import GLOBAL_PREFIX, BatchContext, Transform
+from airflow_finalckpt.spark.stage import BatchContext, Transform
 
 STAGE_IDS = ("ingest", "enrich", "delay_windows", "publish")
 EDGES = (("ingest", "enrich"), ("enrich", "delay_windows"), ("delay_windows", "publish"))
@@ -52,21 +51,18 @@ def ingest_transform(input_dir: str) -> Transform:
 
 def enrich_transform(input_dir: str) -> Transform:
     def transform(ctx: BatchContext) -> DataFrame:
-        def dim(name: str) -> Callable[[], DataFrame]:
-            return lambda: load_dims(ctx.spark, open_layout(input_dir))[name]
+        # The dims are read from immutable input files: built and key-checked once per stage
+        # attempt and reused by every batch (no state files, no Spark job per batch for them).
+        def dims() -> dict[str, DataFrame]:
+            loaded = load_dims(ctx.spark, open_layout(input_dir))
+            verify_dims(loaded)
+            return loaded
 
-        dims = {name: ctx.global_state(f"dim_{name}", dim(name)) for name in DIMENSION_TABLES}
         if ctx.logic is None:
-            return enrich(ctx.spark, ctx.read_parts(), dims)
-        # The dims are stage-global state, written once and never changed: their join keys
-        # are verified once per stage attempt (the first batch), not in every batch.
-        verified = tuple(ctx.logic.handles[f"{GLOBAL_PREFIX}dim_{n}"].path for n in dims)
-        memo = ctx.logic.attempt_memo
-        frame = enrich(
-            ctx.spark, ctx.read_parts(), dims, verify_keys=memo.get("dims_verified") != verified
+            return enrich(ctx.spark, ctx.read_parts(), dims(), verify_keys=False)
+        return enrich(
+            ctx.spark, ctx.read_parts(), ctx.attempt_value("dims", dims), verify_keys=False
         )
-        memo["dims_verified"] = verified
-        return frame
 
     return transform
 

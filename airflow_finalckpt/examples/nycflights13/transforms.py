@@ -13,7 +13,14 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructType
+from pyspark.sql.types import (
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from airflow_finalckpt.examples.nycflights13.data import (
     DIMENSION_TABLES,
@@ -28,6 +35,8 @@ from airflow_finalckpt.examples.nycflights13.data import (
 from airflow_finalckpt.spark.windows import Aggregate, WindowSpec, WindowStep, advance, flush
 
 SPLIT_ID_COLUMN = "split_id"
+#: A day file's name (``day=YYYY-MM-DD.parquet``, see data.split_id_of_path) -> its split id.
+_DAY_FILE_PATTERN = r"^day=(\d{4}-\d{2}-\d{2})\.parquet$"
 HOUR_MS = 3_600_000
 
 _LONG, _DOUBLE, _STRING = LongType(), DoubleType(), StringType()
@@ -120,18 +129,52 @@ class DimensionKeyError(ExampleDataError):
 
 
 def ingest(spark: SparkSession, paths: Sequence[str | Path]) -> DataFrame:
-    """The flights of the given day files with their ``split_id``, schema checked per file."""
+    """The flights of the given day files with their ``split_id``, schema checked per file.
+
+    Each file's schema is checked from its Parquet footer (no Spark job per file), then all are
+    read as one Spark scan; the split id comes from each row's file name.
+    """
     if not paths:
         raise ValueError("ingest needs at least one day file")
     split_ids = [split_id_of_path(path) for path in paths]
     repeated = sorted({split for split in split_ids if split_ids.count(split) > 1})
     if repeated:
         raise ExampleDataError(f"day files given twice for splits {repeated}: rows would repeat")
-    days = [
-        _read_checked(spark, str(path), FLIGHT_COLUMNS).withColumn(SPLIT_ID_COLUMN, F.lit(split))
-        for path, split in zip(paths, split_ids, strict=True)
-    ]
-    return reduce(DataFrame.unionByName, days)
+    for path in paths:
+        check_schema(_footer_schema(str(path)), FLIGHT_COLUMNS, path)
+    try:
+        frame = spark.read.parquet(*[str(path) for path in paths])
+    except Exception as exc:  # Py4J, AnalysisException or a Spark Connect error
+        raise CorruptInputError(paths[0], f"day files not readable ({_gist(exc)})") from exc
+    split = F.regexp_extract(F.col("_metadata.file_name"), _DAY_FILE_PATTERN, 1)
+    return frame.select(*FLIGHT_COLUMNS, split.alias(SPLIT_ID_COLUMN))
+
+
+def _footer_schema(path: str) -> StructType:
+    """A Parquet file's schema in Spark types, read from its footer alone."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:
+        raise CorruptInputError(path, f"not a readable Parquet file ({_gist(exc)})") from exc
+    fields = []
+    for field in schema:
+        try:
+            spark_type = from_arrow_type(field.type)
+        except Exception:  # a type Spark cannot read: reported as its Arrow name
+            spark_type = _UnknownType(str(field.type))
+        fields.append(StructField(field.name, spark_type))
+    return StructType(fields)
+
+
+class _UnknownType(DataType):
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def simpleString(self) -> str:
+        return self._name
 
 
 def load_dims(spark: SparkSession, layout: InputLayout) -> dict[str, DataFrame]:

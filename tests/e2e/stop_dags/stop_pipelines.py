@@ -12,6 +12,8 @@ from airflow_finalckpt.examples.nycflights13.dag import build_dag
 
 WORK = os.environ.get("FINALCKPT_E2E_WORK", "/tmp/finalckpt-e2e-stop")
 DAYS = int(os.environ.get("FINALCKPT_E2E_DAYS", "21"))
+#: Fixed batches (not the default "auto"): the tests stop and drain at known batch boundaries.
+BATCH_SIZES = {"ingest": 7, "enrich": 1, "delay_windows": 4, "publish": 4}
 
 
 def _copy(dag_id: str, name: str, **pace: float) -> object:
@@ -22,6 +24,7 @@ def _copy(dag_id: str, name: str, **pace: float) -> object:
         days=DAYS,
         retries=1,
         asset=f"{dag_id}_windows",
+        batch_sizes=BATCH_SIZES,
         **pace,
     )
 

@@ -1,0 +1,102 @@
+"""Stage-global state vs per-attempt values on real Spark, through the real runtime.
+
+``ctx.global_state`` is checkpointed: computed once per stage, restored by a later attempt
+without calling its factory again. ``ctx.attempt_value`` is not: built once per attempt, reused
+by that attempt's batches, built again by the next attempt. Auto batches are sized by input
+bytes when the splits are upstream output parts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.runtime.runner import StageRunner, StageSpec
+from airflow_finalckpt.spark.stage import BatchContext, SparkStageLogic
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+KEY = "values"
+SPLITS = tuple(f"s{i}" for i in range(4))
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _setup(tmp_path: Path) -> tuple[Coordinator, CheckpointStorage]:
+    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    coord = Coordinator(engine, KEY, writer=storage)
+    coord.register(StageGraph.from_edges(["a"], []))
+    return coord, storage
+
+
+def test_global_state_is_restored_and_attempt_values_are_rebuilt(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    coord, storage = _setup(tmp_path)
+    calls = {"global": 0, "attempt": 0, "batches": 0}
+    crash_at = {"batch": 2}
+
+    def transform(ctx: BatchContext) -> DataFrame:
+        def lookup() -> DataFrame:
+            calls["global"] += 1
+            return ctx.spark.createDataFrame(
+                [(s, i) for i, s in enumerate(SPLITS)], "s string, i long"
+            )
+
+        def factor() -> int:
+            calls["attempt"] += 1
+            return 10
+
+        table = ctx.global_state("lookup", lookup)
+        scale = ctx.attempt_value("factor", factor)
+        calls["batches"] += 1
+        if calls["batches"] == crash_at["batch"]:
+            raise Crash("crash in the second batch")
+        rows = ctx.spark.createDataFrame([(s,) for s in ctx.splits], "s string")
+        return rows.join(table, "s").select("s", (F.col("i") * scale).alias("v"))
+
+    def runner() -> StageRunner:
+        logic = SparkStageLogic(spark, storage, KEY, "a", transform)
+        spec = StageSpec(pipeline_key=KEY, stage_id="a", splits=SPLITS, batch_size=1)
+        return StageRunner(coord, spec, logic, output_handle=logic.output_handle)
+
+    with pytest.raises(Exception, match="crash in the second batch"):
+        runner().run()
+    assert calls == {"global": 1, "attempt": 1, "batches": 2}
+    crash_at["batch"] = -1
+    result = runner().run()
+    # the lookup was restored from the checkpointed state; the factor was built again once
+    assert calls["global"] == 1 and calls["attempt"] == 2
+    assert len(result.processed_splits) == 3
+    parts = [
+        p
+        for h in coord.stage("a").progress.state
+        if h.name.startswith("output:")
+        for p in h.name.removeprefix("output:").split(",")
+    ]
+    out = spark.read.parquet(*[f"file://{storage.resolve_handle(KEY, p)}" for p in parts])
+    assert sorted((r["s"], r["v"]) for r in out.collect()) == [
+        (s, 10 * i) for i, s in enumerate(SPLITS)
+    ]
+
+
+def test_split_weights_are_the_bytes_of_upstream_parts(spark: SparkSession, tmp_path: Path) -> None:
+    _, storage = _setup(tmp_path)
+    logic = SparkStageLogic(spark, storage, KEY, "b", lambda ctx: None)
+    small, big = "data/a/small-n1-0000000000", "data/a/big-n1-1111111111"
+    spark.range(10).write.parquet(f"file://{storage.resolve_handle(KEY, small)}")
+    spark.range(100_000).write.parquet(f"file://{storage.resolve_handle(KEY, big)}")
+    weights: list[Any] = logic.split_weights([small, big, "2013-01-01", "data/a/missing-n1-x"])
+    assert weights[0] is not None and weights[1] is not None and weights[1] > 10 * weights[0]
+    assert weights[2] is None and weights[3] is None  # not a part / not written

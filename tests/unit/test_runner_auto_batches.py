@@ -1,0 +1,163 @@
+"""Auto batches through the real stage runtime: a SQLite coordinator, local checkpoint storage,
+a fake stage logic whose batch cost is a model (fixed + per-split seconds) on a fake timer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import StageLifecycle, StateHandle
+from airflow_finalckpt.runtime.runner import Batch, BatchOutput, StageRunner, StageSpec
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.hints import StorageThroughputHints
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+KEY = "auto-batches"
+SPLITS = tuple(f"s{i:03d}" for i in range(200))
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class Clock:
+    """A timer the fake logic advances by the modelled cost of each batch."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ModelLogic:
+    """Each batch costs ``fixed_s + per_split_s * len(splits)`` seconds of fake time."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        fixed_s: float = 1.0,
+        per_split_s: float = 0.5,
+        crash_in_batch: int | None = None,
+    ) -> None:
+        self.clock = clock
+        self.fixed_s = fixed_s
+        self.per_split_s = per_split_s
+        self.crash_in_batch = crash_in_batch
+        self.sizes: list[int] = []
+        self.processed: list[str] = []
+
+    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None:
+        pass
+
+    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
+        self.clock.now += self.fixed_s + self.per_split_s * len(batch.splits)
+        if self.crash_in_batch is not None and len(self.sizes) == self.crash_in_batch:
+            raise Crash(f"crash in batch {len(self.sizes)}")
+        self.sizes.append(len(batch.splits))
+        self.processed.extend(batch.splits)
+        return BatchOutput()
+
+    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
+        return BatchOutput()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[Coordinator, CheckpointStorage]:
+    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    coord = Coordinator(engine, KEY, writer=storage)
+    coord.register(StageGraph.from_edges(["a"], []))
+    return coord, storage
+
+
+def _runner(
+    coord: Coordinator,
+    logic: ModelLogic,
+    clock: Clock,
+    hints: StorageThroughputHints | None = None,
+    **spec: object,
+) -> StageRunner:
+    return StageRunner(
+        coord,
+        StageSpec(pipeline_key=KEY, stage_id="a", splits=SPLITS, **spec),  # type: ignore[arg-type]
+        logic,
+        hints=hints,
+        timer=clock,
+    )
+
+
+def test_auto_batches_probe_then_approach_the_target_duration(env: tuple) -> None:
+    coord, _ = env
+    clock = Clock()
+    logic = ModelLogic(clock)  # 1 s fixed + 0.5 s per split
+    _runner(coord, logic, clock, target_batch_s=10.0).run()
+
+    assert logic.processed == list(SPLITS)  # every split once, in order
+    assert logic.sizes[0] == 1  # the probe
+    durations = [1.0 + 0.5 * n for n in logic.sizes]
+    # from the third batch on (two samples separate fixed and per-split cost) batches are
+    # sized to the 10 s target: 18 splits = 10 s; none overshoots it, except a merged tail
+    assert logic.sizes[2:-1] == [18] * len(logic.sizes[2:-1])
+    assert max(durations[:-1]) <= 10.0
+    assert durations[-1] <= 10.0 * 1.25 + 1.0
+    assert len(logic.sizes) <= 13  # 200 splits / 18, plus the probe and the second batch
+
+
+def test_an_int_batch_size_keeps_fixed_batches(env: tuple) -> None:
+    coord, _ = env
+    clock = Clock()
+    logic = ModelLogic(clock)
+    _runner(coord, logic, clock, batch_size=7).run()
+    assert logic.sizes == [7] * 28 + [4]
+
+
+def test_a_crash_redoes_at_most_the_batch_in_flight_and_the_next_attempt_skips_the_probe(
+    env: tuple, tmp_path: Path
+) -> None:
+    coord, storage = env
+    hints = StorageThroughputHints(storage, "dag-demo")
+    clock = Clock()
+    first = ModelLogic(clock, crash_in_batch=4)
+    with pytest.raises(Crash):
+        _runner(coord, first, clock, hints, target_batch_s=10.0).run()
+    done = set(coord.stage("a").progress.finished_splits)
+    assert done == set(first.processed) and len(done) == sum(first.sizes)
+
+    # a second attempt (new epoch) resumes from the stored progress and the stored throughput
+    second = ModelLogic(clock)
+    result = _runner(coord, second, clock, hints, target_batch_s=10.0).run()
+    assert set(second.processed) == set(SPLITS) - done  # exactly the unfinished splits
+    assert len(second.processed) == len(SPLITS) - len(done)
+    assert second.sizes[0] == 18  # no probe: sized from what the first attempt measured
+    assert result.processed_splits == tuple(second.processed)
+    view = coord.stage("a")
+    assert view.epoch == 2 and view.lifecycle is StageLifecycle.FINISHED
+    assert sorted(view.progress.finished_splits) == sorted(SPLITS)
+    doc = json.loads(storage.read_hint("dag-demo", "a") or b"{}")
+    assert doc["per_unit_s"] == pytest.approx(0.5) and doc["fixed_s"] == pytest.approx(1.0)
+
+
+def test_the_hint_is_advisory_a_corrupt_one_means_a_probe(env: tuple) -> None:
+    coord, storage = env
+    storage.write_hint("dag-demo", "a", b"{not json")
+    clock = Clock()
+    logic = ModelLogic(clock)
+    _runner(coord, logic, clock, StorageThroughputHints(storage, "dag-demo")).run()
+    assert logic.sizes[0] == 1 and logic.processed == list(SPLITS)
+
+
+def test_bad_batch_arguments_are_refused() -> None:
+    for bad in (0, "big", -3):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1 or 'auto'"):
+            StageSpec(pipeline_key=KEY, stage_id="a", splits=SPLITS, batch_size=bad)
+    with pytest.raises(ValueError, match="target_batch_s"):
+        StageSpec(pipeline_key=KEY, stage_id="a", splits=SPLITS, target_batch_s=-1)
