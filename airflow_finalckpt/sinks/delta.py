@@ -30,6 +30,7 @@ from airflow_finalckpt.sinks.staged import (
     StagedTableSink,
     backoff,
     first_line,
+    optional_schema,
 )
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class DeltaTableSink(StagedTableSink):
             if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
                 field = field.with_type(pa.timestamp("us", tz=field.type.tz))
             fields.append(field)
-        table = table.cast(pa.schema(fields))
+        table = table.cast(pa.schema(fields), safe=False)  # Delta keeps microseconds
         self._check_schema(json.loads(Schema.from_arrow(table.schema).to_json()))
         return table
 
@@ -206,14 +207,13 @@ class DeltaTableSink(StagedTableSink):
     def _files_schema(self, uris: list[str]) -> Any:
         """The Delta schema of the staged files, every column nullable (from the first footer;
         the writes checked them all against the table)."""
-        import pyarrow as pa
         import pyarrow.parquet as pq
         from deltalake import Schema
 
         fs, path = self._fs(uris[0])
         with fs.open(path, "rb") as handle:
             arrow_schema = pq.read_schema(handle)
-        return Schema.from_arrow(pa.schema(f.with_nullable(True) for f in arrow_schema))
+        return Schema.from_arrow(optional_schema(arrow_schema))
 
     def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
         from deltalake import CommitProperties, Transaction

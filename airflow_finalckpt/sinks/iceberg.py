@@ -26,6 +26,7 @@ from airflow_finalckpt.sinks.staged import (
     StagedTableSink,
     backoff,
     first_line,
+    optional_schema,
 )
 
 if TYPE_CHECKING:
@@ -184,11 +185,8 @@ class IcebergTableSink(StagedTableSink):
                 if create_from is None:
                     return None
             catalog.create_namespace_if_not_exists(self.table_name.rsplit(".", 1)[0])
-            import pyarrow as pa
-
-            optional = pa.schema([field.with_nullable(True) for field in create_from])
             try:
-                return catalog.create_table(self.table_name, schema=optional)
+                return catalog.create_table(self.table_name, schema=optional_schema(create_from))
             except TableAlreadyExistsError:  # another writer created it meanwhile
                 return catalog.load_table(self.table_name)
         except Exception as exc:
@@ -262,7 +260,7 @@ class IcebergTableSink(StagedTableSink):
             if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
                 field = field.with_type(pa.timestamp("us", tz=field.type.tz))
             fields.append(field)
-        table = table.cast(pa.schema(fields))
+        table = table.cast(pa.schema(fields), safe=False)  # Iceberg keeps microseconds
         ids = self._flat_ids(self._checked_table(table.schema))
         if ids is None:
             return table

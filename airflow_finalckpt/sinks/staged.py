@@ -79,6 +79,29 @@ def spark_uri(uri: str) -> str:
     return "s3a://" + uri[len("s3://") :] if uri.startswith("s3://") else uri
 
 
+def _optional(kind: pyarrow.DataType) -> pyarrow.DataType:
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        return pa.struct([f.with_type(_optional(f.type)).with_nullable(True) for f in fields])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        element = kind.value_field.with_type(_optional(kind.value_type)).with_nullable(True)
+        return pa.list_(element) if pa.types.is_list(kind) else pa.large_list(element)
+    if pa.types.is_map(kind):
+        item = kind.item_field.with_type(_optional(kind.item_type)).with_nullable(True)
+        return pa.map_(kind.key_field.with_type(_optional(kind.key_type)), item)
+    return kind
+
+
+def optional_schema(schema: pyarrow.Schema) -> pyarrow.Schema:
+    """Every field optional, nested ones too: Spark's nullability follows the query plan, so a
+    table created from the first batch must accept the nulls of the next one."""
+    import pyarrow as pa
+
+    return pa.schema(f.with_type(_optional(f.type)).with_nullable(True) for f in schema)
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 

@@ -334,3 +334,53 @@ def test_racing_committers_of_one_transaction_publish_it_once(
         thread.join(120)
     assert errors == [] and sorted(results) == [False, False, True]
     assert read_ids(sink) == list(range(10)) and commit_count(sink) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nested_types_and_later_nulls_fit_the_table_the_first_batch_created(
+    spark: SparkSession, tmp_path: Path, kind: str
+) -> None:
+    sink = make_sink(kind, tmp_path)
+    strict = spark.range(0, 4).select(
+        F.col("id").alias("order_id"),
+        F.struct(F.col("id").alias("n"), F.lit("x").alias("tag")).alias("detail"),
+        F.array(F.col("id"), F.col("id") + 1).alias("lines"),
+    )  # Spark says: nothing nullable, nested or not
+    sink.write_spark("t1", strict)
+    sink.commit(sink.precommit("t1", 1))
+    loose = spark.createDataFrame(
+        [(4, (None, None), [None, 5])],
+        "order_id long, detail struct<n:long,tag:string>, lines array<long>",
+    )
+    sink.write_spark("t2", loose)
+    assert sink.commit(sink.precommit("t2", 2)) is True
+    table = sink.read_arrow()
+    by_id = dict(zip(table.column("order_id").to_pylist(), table.to_pylist(), strict=True))
+    assert sorted(by_id) == [0, 1, 2, 3, 4]
+    assert by_id[1]["detail"] == {"n": 1, "tag": "x"} and by_id[1]["lines"] == [1, 2]
+    assert by_id[4]["detail"] == {"n": None, "tag": None} and by_id[4]["lines"] == [None, 5]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pandas_frames_with_nanosecond_timestamps_are_staged_as_microseconds(
+    tmp_path: Path, kind: str
+) -> None:
+    import pandas as pd
+
+    sink = make_sink(kind, tmp_path)
+    frame = pd.DataFrame(
+        {
+            "order_id": [1, 2],
+            "placed_at": pd.to_datetime(
+                ["2024-01-01 10:00:00.123456789", "2024-01-02 00:00:00.000000001"], utc=True
+            ),
+        }
+    )
+    sink.write_pandas("t1", frame)
+    txn = sink.precommit("t1", 1)
+    assert sink.commit(txn) is True
+    (path,) = table_files(sink)
+    assert pq.read_schema(path).field("placed_at").type == pa.timestamp("us", tz="UTC")
+    read = sink.read_arrow()
+    assert read.column("order_id").to_pylist() == [1, 2]
+    assert read.column("placed_at")[0].as_py().microsecond == 123456
