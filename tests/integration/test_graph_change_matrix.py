@@ -14,6 +14,7 @@ SQLite store and real checkpoint storage:
 
 An illegal edit is refused with the stage and the rule, every store row and every checkpoint
 file unchanged (an empty store stays empty); a legal one keeps exactly the progress it should.
+The store that took the savepoint is SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -178,10 +179,11 @@ def _close(coord: Coordinator, stage: str) -> None:
 
 
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'coordination.db'}")
+def pipeline(store_url: str, tmp_path: Path) -> Iterator[Pipeline]:
+    """The pipeline in a migrated store (SQLite and PostgreSQL); the "other cluster" is an
+    empty SQLite store."""
+    engine = make_engine(store_url)
     fresh = make_engine(f"sqlite:///{tmp_path / 'other-coordination.db'}")
-    ensure_schema(engine)
     ensure_schema(fresh)
     root = tmp_path / "checkpoints"
     storage = CheckpointStorage(str(root))
