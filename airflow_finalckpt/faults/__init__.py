@@ -1,5 +1,6 @@
 """Fault injection for airflow-finalckpt: named fault points, fault-injecting proxies, a fake
-pipeline, a verifier and a randomized campaign (``python -m airflow_finalckpt.faults.campaign``).
+pipeline, a verifier and a randomized campaign (``python -m airflow_finalckpt.faults.campaign``),
+also on branching graphs whose stages run at the same time (``concurrent``, ``shapes``).
 
 See docs/guarantees.md for what the campaign checks and what it has shown.
 """

@@ -1,9 +1,13 @@
 """Exactly-once under faults: the seeded CI fault campaign, zombie attempts, known issues.
 
 - ``test_ci_campaign``: a seeded campaign (``airflow_finalckpt.faults.campaign``) of 36 runs,
-  5 of them on real Spark, every fault point fired at least once, each run recovered and verified:
-  every figure must be zero. The same as
-  ``python -m airflow_finalckpt.faults.campaign --runs 36 --spark-runs 5 --seed 20261122``.
+  5 of them on real Spark, every fault point fired at least once, plus 42 runs on branching
+  graphs (diamond, fan-out/fan-in, wide) whose stages run at the same time in their own
+  processes, each run recovered and verified: every figure must be zero, per graph shape too,
+  and at least one stage must have closed on a later checkpoint while an earlier one was still
+  pending (FLIP-147's out-of-order completion). The same as
+  ``python -m airflow_finalckpt.faults.campaign --runs 36 --spark-runs 5 --concurrent 42
+  --seed 20261122``.
 - zombies: two attempts of one stage at once, in two OS processes. The older one stalls in a
   fault point while the newer one runs the stage to the end; then it goes on and must stop itself
   with StaleEpochError (and say so in its log), commit nothing, and leave the result exact.
@@ -51,6 +55,7 @@ from airflow_finalckpt.store.engine import make_engine
 CI_SEED = 20261122
 CI_RUNS = 36
 CI_SPARK_RUNS = 5
+CI_CONCURRENT_RUNS = 42
 STALE_MESSAGE = (
     "stage 'publish': attempt epoch 1 is stale (current epoch is 2); a newer attempt of this "
     "stage owns it now, this attempt must stop"
@@ -61,7 +66,11 @@ STALE_MESSAGE = (
 def test_ci_campaign(tmp_path: Path) -> None:
     start = time.monotonic()
     result: CampaignResult = run_campaign(
-        CI_RUNS, CI_SEED, spark_runs=CI_SPARK_RUNS, workdir=tmp_path / "campaign"
+        CI_RUNS,
+        CI_SEED,
+        spark_runs=CI_SPARK_RUNS,
+        workdir=tmp_path / "campaign",
+        concurrent_runs=CI_CONCURRENT_RUNS,
     )
     figures = result.figures()
     print(f"\n{result.summary()}\n({time.monotonic() - start:.0f} s)")
@@ -77,6 +86,15 @@ def test_ci_campaign(tmp_path: Path) -> None:
     assert figures["faulted_spark_runs"] >= CI_SPARK_RUNS
     assert set(figures["known_issues"]) <= set(KNOWN_ISSUES)
     assert result.ok
+    shapes = figures["shapes"]
+    assert set(shapes) == {"diamond", "fan", "wide"}, shapes
+    for name, shape in shapes.items():
+        assert shape["runs"] == CI_CONCURRENT_RUNS // 3, (name, shape)
+        assert shape["faulted"] >= shape["runs"] * 2 // 3, (name, shape)
+        assert shape["points"] >= 12, (name, shape)
+        zeros = {k: shape[k] for k in CampaignResult.ZERO_FIGURES if k in shape}
+        assert set(zeros.values()) == {0}, (name, zeros)
+    assert figures["out_of_order"] >= 1, shapes["wide"]
 
 
 def test_command_prints_one_summary_line_and_writes_a_report(
