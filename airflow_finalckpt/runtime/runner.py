@@ -218,6 +218,22 @@ def batch_key(splits: Sequence[str]) -> str:
     return f"{tail or 'b'}-n{len(splits)}-{digest}"
 
 
+def transaction_prefix(pipeline_key: str, stage_id: str) -> str:
+    """What every transaction id of one stage of one pipeline starts with: pipelines sharing a
+    sink never write to, commit or sweep each other's transactions."""
+    digest = hashlib.sha1(pipeline_key.encode()).hexdigest()[:10]
+    return f"{stage_id}.p{digest}."
+
+
+def transaction_id(pipeline_key: str, stage_id: str, batch: str, epoch: int | None) -> str:
+    """``<stage>.p<pipeline digest>.<batch key>.e<epoch>``: one per batch and attempt, at most
+    200 characters (a long stage id or batch key is shortened with a digest, never the epoch)."""
+    body, suffix = f"{transaction_prefix(pipeline_key, stage_id)}{batch}", f".e{epoch}"
+    if len(body) + len(suffix) > 200:
+        body = f"{body[:180]}-{hashlib.sha1(body.encode()).hexdigest()[:10]}"
+    return body + suffix
+
+
 def _split_state(
     handles: Sequence[StateHandle],
 ) -> tuple[list[StateHandle], list[StateHandle]]:
@@ -428,7 +444,8 @@ class StageRunner:
         return out
 
     def _txn_ids(self, key: str) -> dict[str, str]:
-        return {sid: f"{self.spec.stage_id}.{key}.e{self.epoch}"[:200] for sid in self.sinks}
+        txn_id = transaction_id(self.spec.pipeline_key, self.spec.stage_id, key, self.epoch)
+        return dict.fromkeys(self.sinks, txn_id)
 
     def _precommit(self, key: str) -> list[SinkTransaction]:
         # The covering checkpoint is stamped by the coordinator; 0 means "not yet covered".
@@ -635,7 +652,7 @@ class StageRunner:
         """Staged transactions the coordinator never recorded (a crashed batch) or aborted (a
         restore to an earlier checkpoint) are dropped from the sinks."""
         known = {t.txn_id: state for t, state in self.coordinator.transactions(self.spec.stage_id)}
-        prefix = f"{self.spec.stage_id}."
+        prefix = transaction_prefix(self.spec.pipeline_key, self.spec.stage_id)
         for sink in self.sinks.values():
             for txn_id in sorted(sink.staged_txn_ids()):
                 if txn_id.startswith(prefix) and known.get(txn_id, "ABORTED") == "ABORTED":

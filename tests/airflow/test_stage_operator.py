@@ -33,8 +33,12 @@ def test_default_pipeline_key_is_path_safe() -> None:
 
 
 def test_bad_batch_size_is_refused() -> None:
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        _op(batch_size=0)
+    for bad in (0, "big", 2.5):
+        with pytest.raises(ValueError, match="stage 's': batch_size must be an integer >= 1 or"):
+            _op(batch_size=bad)
+    with pytest.raises(ValueError, match="target_batch_s must be a number > 0"):
+        _op(target_batch_s=0)
+    assert _op().batch_size == "auto" and _op(batch_size=3).batch_size == 3
 
 
 def test_graph_follows_dag_edges_and_stage_ids() -> None:

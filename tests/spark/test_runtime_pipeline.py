@@ -241,3 +241,35 @@ def test_crash_between_checkpoint_complete_and_commit_done_replays_once(
     _check_sinks(env["sinks"], reference_pipeline(DAYS))  # type: ignore[arg-type]
     states = [state for _, state in coord.transactions("publish")]
     assert states and set(states) == {"COMMITTED"}
+
+
+def test_pipelines_sharing_sinks_commit_their_own_transactions(
+    spark: SparkSession, env: dict, tmp_path: Path
+) -> None:  # type: ignore[type-arg]
+    """Three pipeline runs (auto batches) write to the same Parquet and SQL sinks: each commits
+    its own transactions, none is refused as already committed, none sweeps another's staged
+    transaction as an orphan."""
+    storage: CheckpointStorage = env["storage"]  # type: ignore[assignment]
+    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
+    parquet, sql = env["sinks"]  # type: ignore[misc]
+    # a transaction pipeline C staged but never recorded (its batch crashed) must survive the
+    # other pipelines' orphan sweeps, which only look at their own transactions
+    from airflow_finalckpt.runtime.runner import transaction_id
+
+    foreign = transaction_id("run-c", "publish", "crashed-n1-0000000000", 1)
+    sql.write_pandas(foreign, reference_pipeline(DAYS).windows.head(3))
+    sql.precommit(foreign, 0)
+    for key in ("run-a", "run-b", "run-a2"):
+        coord = Coordinator(engine, key, writer=storage)
+        run = run_example_locally(spark, env["inputs"], coord, storage, env["sinks"])  # type: ignore[arg-type]
+        assert all(r.status is RunStatus.FINISHED for r in run.results.values()), key
+        assert all(v.lifecycle is StageLifecycle.CLOSED for v in coord.stages().values())
+    expected = reference_pipeline(DAYS).windows
+    for sink in (parquet, sql):
+        actual = sink.read_pandas()
+        assert len(actual) == 3 * len(expected)  # every run's windows, once each
+        committed = sink.committed_txn_ids()
+        assert {t.split(".")[1] for t in committed} == {
+            transaction_id(k, "publish", "x", 1).split(".")[1] for k in ("run-a", "run-b", "run-a2")
+        }
+    assert foreign in sql.staged_txn_ids()

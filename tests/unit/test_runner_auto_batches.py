@@ -161,3 +161,16 @@ def test_bad_batch_arguments_are_refused() -> None:
             StageSpec(pipeline_key=KEY, stage_id="a", splits=SPLITS, batch_size=bad)
     with pytest.raises(ValueError, match="target_batch_s"):
         StageSpec(pipeline_key=KEY, stage_id="a", splits=SPLITS, target_batch_s=-1)
+
+
+def test_transaction_ids_are_unique_per_pipeline_and_keep_the_epoch() -> None:
+    from airflow_finalckpt.runtime.runner import transaction_id, transaction_prefix
+
+    a = transaction_id("dag.run1", "publish", "2013-01-01-n3-abc", 1)
+    b = transaction_id("dag.run2", "publish", "2013-01-01-n3-abc", 1)
+    assert a != b and a.startswith(transaction_prefix("dag.run1", "publish"))
+    assert not b.startswith(transaction_prefix("dag.run1", "publish"))
+    assert a.startswith("publish.") and a.endswith(".e1")  # the stage first, the epoch last
+    assert transaction_id("dag.run1", "publish", "2013-01-01-n3-abc", 1) == a  # stable
+    long_ids = {transaction_id("k", "s" * 150, f"batch-{i}" * 10, 7) for i in range(3)}
+    assert len(long_ids) == 3 and all(len(t) <= 200 and t.endswith(".e7") for t in long_ids)
