@@ -113,6 +113,13 @@ class TwoPhaseCommitSink(ABC):
         """Transactions with staged, uncommitted data: on restore, the ones no checkpoint
         references are lingering and must be aborted."""
 
+    @property
+    def asset_uri(self) -> str | None:
+        """The Airflow Asset URI of the sink's table, in the scheme Airflow's providers use
+        (``file``, ``s3``, ``postgres``, ``iceberg``...), for the stage's ``outlets``; None if
+        the sink names none."""
+        return None
+
     def _check_txn_id(self, txn_id: str) -> str:
         return validate_identifier(txn_id, "transaction id")
 

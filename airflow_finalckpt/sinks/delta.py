@@ -105,6 +105,11 @@ class DeltaTableSink(StagedTableSink):
             (self.sink_id, self.table_uri, self.storage_options or None, self.app_id),
         )
 
+    @property
+    def asset_uri(self) -> str:
+        """The table directory: ``file:///<path>`` locally, ``s3://``... elsewhere."""
+        return self.table_uri if "://" in self.table_uri else f"file://{self.table_uri}"
+
     def _data_root(self) -> str:
         return self.table_uri
 

@@ -136,6 +136,12 @@ class IcebergTableSink(StagedTableSink):
             "storage_options": self.storage_options,
         }
 
+    @property
+    def asset_uri(self) -> str:
+        """``iceberg://<catalog name>/<namespace>/<table>``."""
+        namespace, name = self.table_name.rsplit(".", 1)
+        return f"iceberg://{self.catalog_name}/{namespace.replace('.', '/')}/{name}"
+
     def _describe_catalog(self) -> str:
         kind = self._properties.get("type", "catalog")
         where = self._properties.get("uri", "")

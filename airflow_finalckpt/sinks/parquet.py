@@ -94,6 +94,11 @@ class ParquetTableSink(TwoPhaseCommitSink):
         self.table_uri = root if self._local else table_uri.rstrip("/")
         self.commit_mode: Literal["rename", "manifest"] = self._resolve_mode(commit_mode)
 
+    @property
+    def asset_uri(self) -> str:
+        """``file:///<table>`` locally, the table URI (``s3://``, ``gs://``...) elsewhere."""
+        return f"file://{self.table_uri}" if self._local else self.table_uri
+
     def _resolve_mode(self, requested: CommitMode) -> Literal["rename", "manifest"]:
         if requested not in ("auto", "rename", "manifest"):
             raise ConfigurationError(

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -196,6 +197,16 @@ class SqlTableSink(TwoPhaseCommitSink):
         url = self.engine.url.render_as_string(hide_password=False)
         keys = list(self.key_columns) or None
         return (type(self), (self.sink_id, url, self.table_name, self.columns, keys))
+
+    @property
+    def asset_uri(self) -> str:
+        """``postgres://host:port/database/public/<table>`` (the Postgres provider's scheme);
+        ``sqlite:///<database file>/<table>`` for SQLite."""
+        url = self.engine.url
+        if self.engine.dialect.name == "postgresql":
+            where = f"{url.host or 'localhost'}:{url.port or 5432}"
+            return f"postgres://{where}/{url.database}/public/{self.table_name}"
+        return f"sqlite:///{os.path.abspath(url.database or '')}/{self.table_name}"
 
     @property
     def staging_table_name(self) -> str:

@@ -1,0 +1,58 @@
+"""Every sink names its table as an Airflow Asset URI in the providers' schemes, which
+Airflow accepts as it is (its file handler normalises nothing away)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_finalckpt.sinks import (
+    DeltaTableSink,
+    IcebergTableSink,
+    ParquetTableSink,
+    SqlTableSink,
+    TwoPhaseCommitSink,
+)
+
+
+def _cases(tmp_path: Path) -> list[tuple[TwoPhaseCommitSink, str]]:
+    return [
+        (ParquetTableSink("p", str(tmp_path / "orders")), f"file://{tmp_path}/orders"),
+        (ParquetTableSink("p", "memory://warehouse/orders"), "memory://warehouse/orders"),
+        (
+            SqlTableSink("q", "postgresql+psycopg://app:secret@db.example:6543/reports", "totals"),
+            "postgres://db.example:6543/reports/public/totals",
+        ),
+        (
+            SqlTableSink("q", f"sqlite:///{tmp_path}/out.db", "totals"),
+            f"sqlite:///{tmp_path}/out.db/totals",
+        ),
+        (
+            IcebergTableSink("i", "sales.eu.orders", warehouse=str(tmp_path)),
+            "iceberg://finalckpt/sales/eu/orders",
+        ),
+        (
+            IcebergTableSink(
+                "i", "db.orders", catalog={"type": "rest", "uri": "http://x"}, catalog_name="prod"
+            ),
+            "iceberg://prod/db/orders",
+        ),
+        (DeltaTableSink("d", str(tmp_path / "delta")), f"file://{tmp_path}/delta"),
+        (DeltaTableSink("d", "s3://bucket/delta/orders"), "s3://bucket/delta/orders"),
+    ]
+
+
+def test_sinks_name_their_asset_in_provider_schemes(tmp_path: Path) -> None:
+    for sink, expected in _cases(tmp_path):
+        assert sink.asset_uri == expected, sink
+        assert "secret" not in expected
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 4, 6])
+def test_airflow_accepts_the_asset_uris(tmp_path: Path, index: int) -> None:
+    from airflow.sdk import Asset
+
+    sink, expected = _cases(tmp_path)[index]
+    assert sink.asset_uri == expected
+    assert Asset(expected).uri == expected
