@@ -174,3 +174,29 @@ def test_transaction_ids_are_unique_per_pipeline_and_keep_the_epoch() -> None:
     assert transaction_id("dag.run1", "publish", "2013-01-01-n3-abc", 1) == a  # stable
     long_ids = {transaction_id("k", "s" * 150, f"batch-{i}" * 10, 7) for i in range(3)}
     assert len(long_ids) == 3 and all(len(t) <= 200 and t.endswith(".e7") for t in long_ids)
+
+
+def test_a_stop_with_savepoint_waits_for_at_most_the_batch_in_flight(env: tuple) -> None:
+    from airflow_finalckpt.core.model import StopMode, StopState
+    from airflow_finalckpt.runtime.runner import RunStatus
+
+    coord, _ = env
+    clock = Clock()
+
+    class StopInBatch(ModelLogic):
+        def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
+            out = super().process(batch, txn_ids)
+            if len(self.sizes) == 3:  # an operator presses stop while batch 3 runs
+                coord.request_stop(StopMode.SAVEPOINT, requested_by="test")
+            return out
+
+    logic = StopInBatch(clock)
+    result = _runner(coord, logic, clock, target_batch_s=10.0).run()
+
+    assert result.status is RunStatus.SUSPENDED
+    assert len(logic.sizes) == 3  # the batch in flight ended, no further batch started
+    view = coord.stage("a")
+    assert view.lifecycle is StageLifecycle.SUSPENDED
+    assert len(view.progress.finished_splits) == sum(logic.sizes) < len(SPLITS)
+    stop = coord.stop_request()
+    assert stop is not None and stop.state is StopState.COMPLETED
