@@ -1,4 +1,5 @@
-"""Writes the DAG run note of a drained pipeline run when its DAG run succeeds.
+"""Writes the DAG run note of a drained pipeline run when its DAG run succeeds, and names the
+stages whose progress the run dropped on purpose (``allow_drop_stages`` in its conf).
 
 Runs in the scheduler (which owns Airflow's metadata database: the note is set on the DagRun
 the scheduler is committing, never from task code). Reads the plugin's own store; any failure
@@ -40,12 +41,35 @@ def _control() -> PipelineControl:
         return control
 
 
+def drop_note(conf: Any) -> str | None:
+    """The note of a run whose conf drops stages' progress on purpose; None otherwise (also for
+    a malformed value: the stage tasks refuse that run with a one-line error)."""
+    from airflow_finalckpt.core.errors import InvalidRunConfError
+    from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
+
+    if not isinstance(conf, dict):
+        return None
+    try:
+        stages = parse_allow_drop_stages(conf.get(ALLOW_DROP_STAGES_KEY))
+    except InvalidRunConfError:
+        return None
+    if not stages:
+        return None
+    return (
+        f"allow_drop_stages: the progress of {', '.join(stages)} (if removed or renamed in the "
+        "DAG) was dropped on purpose; see the stage task logs."
+    )
+
+
 @hookimpl
 def on_dag_run_success(dag_run: Any, msg: str) -> None:
     try:
+        drop = drop_note(getattr(dag_run, "conf", None))
+        if drop and not dag_run.note:
+            dag_run.note = drop
         note = _control().drain_note(dag_run.dag_id, dag_run.run_id)
-        if note and not dag_run.note:
-            dag_run.note = note
+        if note and (not dag_run.note or dag_run.note == drop):
+            dag_run.note = f"{drop} {note}" if drop else note
             log.info("DAG run %s of %s was drained: note set", dag_run.run_id, dag_run.dag_id)
     except Exception as exc:  # e.g. the store is unreachable or not migrated yet
         log.warning(

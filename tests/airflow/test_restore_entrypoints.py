@@ -268,3 +268,15 @@ def test_rest_restore_refuses_then_plans_then_triggers(
         assert run.conf == {"restore_from": env.savepoint, "allow_drop_stages": ["b"]}
         assert "progress of b dropped on purpose" in (run.note or "")
     assert env.snapshot() == before  # the stage tasks do the restore, not the api-server
+
+
+def test_run_note_names_the_dropped_stages() -> None:
+    """The scheduler-side listener writes this note on the run's success (dag.test() hands the
+    listener a detached DagRun, so the note itself is checked here)."""
+    from airflow_finalckpt.listeners.dag_run_notes import drop_note
+
+    note = drop_note({"pipeline_key": "k", "allow_drop_stages": ["b", "r"]})
+    assert note is not None and note.startswith("allow_drop_stages: the progress of b, r ")
+    assert drop_note({"pipeline_key": "k"}) is None
+    assert drop_note({"allow_drop_stages": 5}) is None  # the stage tasks refuse that run
+    assert drop_note(None) is None
