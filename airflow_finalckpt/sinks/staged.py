@@ -117,8 +117,8 @@ def storage_errors(method: Callable[P, R]) -> Callable[P, R]:
         except OSError as exc:
             sink_id = getattr(args[0], "sink_id", "?")
             raise SinkError(
-                f"sink {sink_id!r}: {method.__name__} failed on the table's storage: "
-                f"{first_line(exc)} (retry once fixed)"
+                f"sink {sink_id!r}: cannot use the table's storage: {first_line(exc)} "
+                "(retry once fixed)"
             ) from exc
 
     return translated
