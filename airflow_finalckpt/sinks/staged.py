@@ -478,17 +478,6 @@ class StagedTableSink(TwoPhaseCommitSink):
         candidates = {txn_id: self._manifest(txn_id) for txn_id in open_ids}
         return set(open_ids) - self._table_committed(candidates)
 
-    def committed_files(self) -> list[str]:
-        """URIs of the data files of committed transactions (marker present), by txn id."""
-        files: list[str] = []
-        for txn_id, committed in sorted(self._txn_dirs().items()):
-            if committed:
-                fs, path = self._fs(self.staging_location(txn_id))
-                marker = self._read_json(fs, f"{path}/{COMMITTED_NAME}") or {"files": []}
-                base = self.staging_location(txn_id)
-                files.extend(f"{base}/{entry['path']}" for entry in marker["files"])
-        return files
-
     def _require_files(self, txn_id: str, manifest: dict[str, Any]) -> list[str]:
         """The manifest's file URIs, each checked to exist (abort or cleanup may have run)."""
         base = self.staging_location(txn_id)

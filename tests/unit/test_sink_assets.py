@@ -56,3 +56,26 @@ def test_airflow_accepts_the_asset_uris(tmp_path: Path, index: int) -> None:
     sink, expected = _cases(tmp_path)[index]
     assert sink.asset_uri == expected
     assert Asset(expected).uri == expected
+
+
+def test_lakehouse_sinks_survive_pickling_to_a_spark_driver(tmp_path: Path) -> None:
+    import pickle
+
+    iceberg = IcebergTableSink(
+        "i", "db.orders", warehouse=str(tmp_path), catalog_name="prod", storage_options={"a": 1}
+    )
+    delta = DeltaTableSink("d", str(tmp_path / "delta"), {"b": "2"}, app_id="pipe-d")
+    copy = pickle.loads(pickle.dumps(iceberg))
+    assert (copy.sink_id, copy.table_name, copy.warehouse, copy.catalog_name) == (
+        "i",
+        "db.orders",
+        str(tmp_path),
+        "prod",
+    )
+    assert copy.storage_options == {"a": 1} and copy.asset_uri == iceberg.asset_uri
+    again = pickle.loads(pickle.dumps(delta))
+    assert (again.table_uri, again.storage_options, again.app_id) == (
+        str(tmp_path / "delta"),
+        {"b": "2"},
+        "pipe-d",
+    )
