@@ -155,19 +155,13 @@ def batch_document(throughput: Throughput | None) -> dict[str, Any] | None:
         "recent_batch_splits": [s.splits for s in throughput.samples],
         f"{unit}_per_s": round(throughput.units_per_s(), 3),
         "fixed_s_per_batch": round(throughput.fixed_s, 3),
+        "summary": throughput.describe(),
     }
 
 
 def _batch_text(stage: Mapping[str, Any]) -> str:
     doc = stage.get("batches")
-    if not doc:
-        return ""
-    rate = (
-        f"{doc['bytes_per_s'] / 1e6:.1f} MB/s"
-        if "bytes_per_s" in doc
-        else f"{doc['splits_per_s']:.2f} splits/s"
-    )
-    return f"last batch {doc['last_batch_splits']} splits in {doc['last_batch_s']:.1f}s, {rate}"
+    return str(doc["summary"]) if doc else ""
 
 
 def _storage_or_none(store_url: str | None) -> CheckpointStorage | None:

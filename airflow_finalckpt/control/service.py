@@ -41,6 +41,7 @@ from airflow_finalckpt.core.restore import (
     plan_restore,
 )
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.hints import read_batch_throughput
 from airflow_finalckpt.store import schema as t
 
 
@@ -86,6 +87,8 @@ class StageSummary(_Model):
     #: set once the stage finished: was it drained, and how many input splits it left unread
     drained: bool | None = None
     unread_splits: int | None = None
+    #: a running stage's latest split batch and measured throughput (auto batches)
+    batches: str | None = None
 
 
 class CheckpointSummary(_Model):
@@ -362,6 +365,7 @@ class PipelineControl:
     def describe_pipeline(self, pipeline_key: str, *, checkpoints: int = 50) -> PipelineDetail:
         coordinator = self.coordinator(pipeline_key)
         summary, stages = self._summarize(coordinator)
+        stages = [self._with_batches(pipeline_key, stage) for stage in stages]
         return PipelineDetail(
             summary=summary,
             stages=stages,
@@ -369,6 +373,13 @@ class PipelineControl:
                 _checkpoint_summary(c) for c in coordinator.checkpoints(limit=checkpoints)
             ],
         )
+
+    def _with_batches(self, pipeline_key: str, stage: StageSummary) -> StageSummary:
+        """A running (or suspended) stage with its latest batch and measured throughput."""
+        if stage.lifecycle not in (StageLifecycle.RUNNING, StageLifecycle.SUSPENDED):
+            return stage
+        measured = read_batch_throughput(self.storage, pipeline_key, stage.stage_id)
+        return stage.model_copy(update={"batches": measured.describe() if measured else None})
 
     def _stop_summary(
         self, coordinator: Coordinator, stop: StopRequest | None

@@ -95,6 +95,21 @@ class Throughput:
     def units_per_s(self) -> float:
         return 1.0 / self.per_unit_s if self.per_unit_s > 0 else math.inf
 
+    def rate(self) -> str:
+        """E.g. ``2.00 splits/s + 1.50s per batch`` or ``12.3 MB/s + 0.40s per batch``."""
+        if self.by_bytes:
+            speed = f"{self.units_per_s() / 1e6:.1f} MB/s"
+        else:
+            speed = f"{self.units_per_s():.2f} splits/s"
+        return f"{speed} + {self.fixed_s:.2f}s per batch"
+
+    def describe(self) -> str:
+        """The latest batch and the rate, for logs, ``finalckpt progress`` and the UI."""
+        if not self.samples:
+            return self.rate()
+        last = self.samples[-1]
+        return f"last batch {last.splits} splits in {last.seconds:.1f}s, {self.rate()}"
+
     def to_dict(self) -> dict[str, object]:
         return {
             "fixed_s": self.fixed_s,

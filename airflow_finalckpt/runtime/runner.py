@@ -665,14 +665,8 @@ class StageRunner:
 
 
 def _describe_throughput(throughput: Throughput | None, template: str) -> str:
-    """E.g. ``0.41 s/split + 0.30 s per batch``, placed in ``template``; "" when unknown."""
-    if throughput is None:
-        return ""
-    if throughput.by_bytes:
-        rate = f"{throughput.units_per_s() / 1e6:.1f} MB/s"
-    else:
-        rate = f"{throughput.units_per_s():.2f} splits/s"
-    return template % f"{rate} + {throughput.fixed_s:.2f}s per batch"
+    """The measured rate placed in ``template``; "" when nothing was measured."""
+    return "" if throughput is None else template % throughput.rate()
 
 
 def _parts_of(handle: StateHandle) -> list[str]:

@@ -555,6 +555,25 @@ def test_pipeline_page_shows_state_graph_history_and_buttons(
     assert 'src="/finalckpt/static/finalckpt.js"' in html
 
 
+def test_pipeline_page_shows_a_running_stage_s_latest_batch(
+    client: TestClient, store: Store, token: Callable[..., str]
+) -> None:
+    from airflow_finalckpt.core.batching import BatchSample, fit
+    from airflow_finalckpt.storage.hints import StorageThroughputHints
+
+    model = fit([BatchSample(1, 1.0, 2.0), BatchSample(9, 9.0, 6.0)])
+    assert model is not None
+    StorageThroughputHints(store.storage, "dag-flights", store.main.pipeline_key).save(
+        "ingest", model
+    )
+    html = client.get(f"/finalckpt/ui/dags/{DAG}/runs/{RUN}", headers=bearer(token("VIEWER"))).text
+    assert "; last batch 9 splits in 6.0s, 2.00 splits/s + 1.50s per batch</title>" in html
+    doc = client.get(api(), headers=bearer(token("VIEWER"))).json()
+    batches = {s["stage_id"]: s["batches"] for s in doc["stages"]}
+    assert batches.pop("ingest") == "last batch 9 splits in 6.0s, 2.00 splits/s + 1.50s per batch"
+    assert set(batches.values()) == {None}  # stages that are not running show none
+
+
 def test_page_escapes_ids(client: TestClient, store: Store, token: Callable[..., str]) -> None:
     evil_dag, evil_run = "d<script>", 'r"><img src=x>'
     coord = Coordinator(store.engine, "evil", writer=store.storage)

@@ -315,6 +315,7 @@ def test_progress_shows_the_latest_auto_batch_and_throughput(env: Env) -> None:
         "recent_batch_splits": [1, 9],
         "splits_per_s": 2.0,
         "fixed_s_per_batch": 1.5,
+        "summary": "last batch 9 splits in 6.0s, 2.00 splits/s + 1.50s per batch",
     }
     assert stages["ingest"]["batches"] is None  # nothing measured for it
     code, out, _ = env.invoke("progress", "--pipeline", KEY)

@@ -75,13 +75,11 @@ def windows_transform(ctx: BatchContext) -> DataFrame:
 
 
 def windows_finish(ctx: BatchContext) -> DataFrame | None:
-    """MAX_WATERMARK: every open window fires (end of input and drain alike)."""
+    """MAX_WATERMARK: every open window fires (end of input and drain alike). The state is
+    left as it is: a finished stage is restored from its end_of_data, never from its state, and
+    a finish redone after a crash fires the same windows again into the same part."""
     state = ctx.get_state(WINDOW_STATE)
-    if state is None:
-        return None
-    fired = flush_delay_windows(state)
-    ctx.set_state(WINDOW_STATE, state.limit(0))
-    return fired
+    return None if state is None else flush_delay_windows(state)
 
 
 def publish_transform(ctx: BatchContext) -> DataFrame:

@@ -143,7 +143,8 @@ def stage_graph_svg(stages: Sequence[StageSummary]) -> str:
             f'<g class="stage" data-stage-id="{e(stage.stage_id)}" data-status="{e(status)}" '
             f'data-progress="{e(progress)}" data-lifecycle="{e(stage.lifecycle.value)}">'
             f"<title>{e(stage.stage_id)}: {e(STATUS_LABELS.get(status, status))}, "
-            f"{e(progress)} splits, {e(lifecycle)}, epoch {stage.epoch}</title>"
+            f"{e(progress)} splits, {e(lifecycle)}, epoch {stage.epoch}"
+            f"{e('; ' + stage.batches) if stage.batches else ''}</title>"
             f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="8" fill="{fill}" '
             f'stroke="{stroke}" stroke-width="2"/>'
             f'<rect x="{x + 10}" y="{y + box_h - 12}" width="{box_w - 20}" height="5" rx="2" '
