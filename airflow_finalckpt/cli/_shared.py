@@ -64,12 +64,14 @@ def logs_to_stderr() -> None:
     # no Airflow here, or a broken airflow.cfg: the command itself reports that
     with contextlib.suppress(Exception):
         import airflow.configuration  # noqa: F401  (configures Airflow's logging)
+    # the process's own stderr: a test runner's temporary sys.stderr would be gone afterwards
+    stderr = sys.__stderr__ or sys.stderr
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream in (
             sys.stdout,
             sys.__stdout__,
         ):
-            handler.setStream(sys.stderr)
+            handler.setStream(stderr)
 
 
 def _resolve_store_url(store_url: str | None) -> tuple[str, str]:
