@@ -253,7 +253,7 @@ def test_rest_restore_refuses_then_plans_then_triggers(
         assert bad.status_code == 422
         body = {"savepoint_path": env.savepoint, "allow_drop_stages": ["b"]}
         dry = client.post(url, json={**body, "dry_run": True}, headers=headers)
-        assert dry.status_code == 201, dry.text
+        assert dry.status_code == 200, dry.text
         assert dry.json()["run_id"] is None
         assert dry.json()["plan"]["dropped_stages"] == ["b"]
         assert env.snapshot() == before

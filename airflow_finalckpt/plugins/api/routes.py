@@ -4,7 +4,7 @@ restore. GET routes only read; every change is a POST. See docs/ui-and-api.md.""
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_finalckpt.control import (
@@ -222,7 +222,11 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         responses=_errors(404, 409, 422),
     )
     def restore(
-        dag_id: str, body: RestoreBody, principal: CanRestore, control: Control
+        dag_id: str,
+        body: RestoreBody,
+        principal: CanRestore,
+        control: Control,
+        response: Response,
     ) -> RestoreResponse:
         """Check the savepoint (readable, not drained, of this DAG's pipeline) and the DAG's
         graph change (the rules the stage tasks apply before writing: 409 naming the stage and
@@ -236,7 +240,9 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
             allow_drop_stages=body.allow_drop_stages,
         )
         run_id = None
-        if not body.dry_run:
+        if body.dry_run:
+            response.status_code = status.HTTP_200_OK  # nothing was created
+        else:
             run_id = trigger_restore_run(
                 dag_id, body.savepoint_path, principal, allow_drop_stages=body.allow_drop_stages
             )
