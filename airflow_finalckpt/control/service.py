@@ -36,6 +36,7 @@ from airflow_finalckpt.core.plan import checkpoint_status
 from airflow_finalckpt.core.restore import (
     GraphChange,
     RestorePlan,
+    parse_allow_drop_stages,
     plan_document,
     plan_graph_change,
     plan_restore,
@@ -521,9 +522,9 @@ class PipelineControl:
         ``load_graph(dag_id)`` (None: not available here), plan the restore exactly as the
         stage tasks will: IllegalGraphChangeError (naming the stage and the rule) for a change
         they would refuse. The savepoint is read once; nothing is written."""
+        drop = list(parse_allow_drop_stages(list(allow_drop_stages)))  # the tasks' own parsing
         record = self.check_restore(dag_id, savepoint_path)
         graph = load_graph(dag_id)
-        drop = list(allow_drop_stages)
         common: dict[str, Any] = {
             "savepoint_path": savepoint_path,
             "pipeline_key": record.pipeline_key,

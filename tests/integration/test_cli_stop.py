@@ -189,6 +189,9 @@ def test_restore_checks_the_savepoint(env: Env, tmp_path: Path) -> None:
     assert code == 2
     assert f"belongs to pipeline {KEY!r} of DAG {DAG}, not of DAG 'another_dag'" in err
 
+    code, out, err = env.invoke("restore", DAG, "--from", path, "--allow-drop-stage", " ")
+    assert code == 2 and out == "" and err.startswith("error: allow_drop_stages must be a list")
+
     code, _, err = env.invoke("restore", DAG, "--from", str(tmp_path / "nope"), "--dry-run")
     assert code == 2 and "nope" in err and "Traceback" not in err
 
