@@ -88,7 +88,7 @@ class RunPlan:
     attempts: tuple[tuple[FaultSpec, ...], ...]
     #: Per attempt: SIGKILL the worker after this many seconds (external fault), or None.
     kills: tuple[float | None, ...]
-    batch_sizes: dict[str, int]
+    batch_sizes: dict[str, int | str]
     commit_mode: str
     checkpoint_interval_s: float
     retain_checkpoints: int
@@ -193,14 +193,17 @@ def _plan_run(
     makes it an external SIGKILL at a random time; otherwise a random point."""
     spark = kind == SPARK
     names = sorted(POINTS)
+    batch_sizes: dict[str, int | str]
     if spark:
         batch_sizes = dict.fromkeys(SPARK_STAGES, 1)
         fake = None
     else:
+        # "auto": adaptive batches (a probe of one split, then sized from measured time), so
+        # attempts of one stage cut different batches
         batch_sizes = {
-            "gen": rng.choice((1, 2, 3)),
-            "agg": rng.choice((1, 2)),
-            "publish": rng.choice((1, 2)),
+            "gen": rng.choice((1, 2, 3, "auto")),
+            "agg": rng.choice((1, 2, "auto")),
+            "publish": rng.choice((1, 2, "auto")),
         }
         fake = FakeData(splits=rng.choice((6, 8))).to_dict()
     commit_mode = "final" if rng.random() < 0.25 else "progressive"

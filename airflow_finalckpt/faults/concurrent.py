@@ -652,7 +652,7 @@ STRAGGLER_SHARE = 0.5
 
 
 def straggler(
-    rng: random.Random, shape: Shape, first: list[FaultSpec], batch_sizes: dict[str, int]
+    rng: random.Random, shape: Shape, first: list[FaultSpec], batch_sizes: dict[str, int | str]
 ) -> list[FaultSpec]:
     """Make one of the parallel stages the last to finish (one split per batch and a short
     stall, the others four splits per batch and no fault) and fail the first checkpoint
@@ -706,7 +706,9 @@ def plan_concurrent_run(
         if all(s.stage != stage_id for s in second):
             names = [n for n in stage_points(shape, stage_id) if Action.CRASH in POINTS[n].actions]
             second.append(_spec(rng, rng.choice(names), stage_id, Action.CRASH))
-    batch_sizes = {sid: rng.choice((1, 1, 2, 3)) for sid in shape.stage_ids}
+    batch_sizes: dict[str, int | str] = {
+        sid: rng.choice((1, 1, 2, 3, "auto")) for sid in shape.stage_ids
+    }
     interval = rng.choice((0.0, 0.0, 3600.0))
     if shape.parallel and rng.random() < STRAGGLER_SHARE:
         first, interval = straggler(rng, shape, first, batch_sizes), 3600.0

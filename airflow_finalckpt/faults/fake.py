@@ -283,7 +283,7 @@ class FakePipeline:
     storage: CheckpointStorage
     sinks: Sequence[TwoPhaseCommitSink]
     data: FakeData = field(default_factory=FakeData)
-    batch_sizes: Mapping[str, int] = field(default_factory=dict)
+    batch_sizes: Mapping[str, int | str] = field(default_factory=dict)
     commit_mode: CommitMode = CommitMode.PROGRESSIVE
     checkpoint_interval_s: float = 60.0
     fault: Callable[[str, str], None] | None = None

@@ -63,7 +63,7 @@ class RunSetup:
     sql_url: str
     sql_table: str
     sink_ids: tuple[str, str]
-    batch_sizes: dict[str, int]
+    batch_sizes: dict[str, int | str]
     commit_mode: str
     checkpoint_interval_s: float
     retain_checkpoints: int
