@@ -47,7 +47,8 @@ from airflow_finalckpt.runtime.runner import RunResult, RunStatus
 from airflow_finalckpt.spark.launch import SparkTarget
 from airflow_finalckpt.storage import CheckpointStorage
 
-JOB_FORMAT = 1
+#: 2: batch_size may be "auto", with target_batch_s and hints_scope.
+JOB_FORMAT = 2
 DRIVERS_DIR = "drivers"
 HEARTBEAT_INTERVAL_S = 5.0
 #: A heartbeat older than this means the driver is gone.
