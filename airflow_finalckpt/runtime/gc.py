@@ -555,24 +555,22 @@ def collect_garbage(
     key = coordinator.pipeline_key
 
     # Read order matters against concurrent progress: live state, then the acknowledgements of
-    # pending checkpoints, then completed checkpoints, then live state again. A snapshot that
-    # becomes referenced meanwhile is caught by a later read (or is newer than the grace period).
+    # pending checkpoints, then completed checkpoints, then live state again, then the
+    # acknowledgements and completed checkpoints once more. A snapshot that becomes referenced
+    # meanwhile is caught by a later read (or is newer than the grace period): a stage's state
+    # that was live only between the two live reads and was acknowledged there (its checkpoint
+    # completing after the first checkpoint read) is found by the reads after the second one.
     live_first = coordinator.stages()
     col.add_live(live_first)
     pending_acks = col.pending_acks()
-    infos = coordinator.checkpoints()
     records: list[tuple[CheckpointInfo, CheckpointRecord]] = []
-    for info in infos:
-        if info.state is CheckpointState.COMPLETED:
-            record = col.read_record(info)
-            if record is None:
-                continue
-            records.append((info, record))
-            label = f"{info.kind} {info.checkpoint_id}"
-            for sid, rec in record.stages.items():
-                col.add_handles(sid, rec.state, rec.end_of_data, label)
+    _read_completed(col, coordinator.checkpoints(), records)
     live = coordinator.stages()
     col.add_live(live)
+    for cid, acked in col.pending_acks().items():
+        pending_acks.setdefault(cid, {}).update(acked)
+    infos = coordinator.checkpoints()
+    _read_completed(col, infos, records)
 
     needed_by = _parts_needed(graph, live_first, live, records, infos, pending_acks, col.refs)
     referenced: dict[str, set[str]] = {p: set(s) for p, s in col.refs.paths.items()}
@@ -660,6 +658,25 @@ def collect_garbage(
     )
     log.debug("%s", report.summary())
     return report
+
+
+def _read_completed(
+    col: _Collector,
+    infos: Iterable[CheckpointInfo],
+    records: list[tuple[CheckpointInfo, CheckpointRecord]],
+) -> None:
+    """Add the handles of every COMPLETED checkpoint in ``infos`` not read yet to ``records``."""
+    seen = {info.checkpoint_id for info, _ in records}
+    for info in infos:
+        if info.state is not CheckpointState.COMPLETED or info.checkpoint_id in seen:
+            continue
+        record = col.read_record(info)
+        if record is None:
+            continue
+        records.append((info, record))
+        label = f"{info.kind} {info.checkpoint_id}"
+        for sid, rec in record.stages.items():
+            col.add_handles(sid, rec.state, rec.end_of_data, label)
 
 
 def _collect_temporaries(
