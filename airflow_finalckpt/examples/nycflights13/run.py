@@ -57,7 +57,7 @@ def _migrate_airflow() -> None:
 
 def _load_dag() -> Any:
     spec = importlib.util.spec_from_file_location(
-        "nycflights13_pipeline", REPO_DAGS / "nycflights13_pipeline.py"
+        "nycflights13_branching", REPO_DAGS / "nycflights13_branching.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -138,7 +138,9 @@ def summarize(key: str, days: int) -> dict[str, Any]:
     from airflow_finalckpt.core.coordinator import Coordinator
     from airflow_finalckpt.examples.nycflights13.data import first_days
     from airflow_finalckpt.examples.nycflights13.reference import (
+        assert_carrier_daily_match,
         assert_windows_match,
+        reference_carrier_daily,
         reference_pipeline,
     )
     from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
@@ -169,20 +171,37 @@ def summarize(key: str, days: int) -> dict[str, Any]:
         print(f"  {sid:<14} {json.dumps(stages[sid])}")
     output = os.environ["FINALCKPT_EXAMPLE_OUTPUT"]
     sql_url = os.environ.get("FINALCKPT_EXAMPLE_SQL_URL", f"sqlite:///{output}/delay_windows.db")
-    expected = reference_pipeline(first_days(days)).windows
+    windows = reference_pipeline(first_days(days)).windows
+    carriers = reference_carrier_daily(first_days(days))
     checks = {}
-    for name, sink in (
-        ("parquet", ParquetTableSink("delay_windows_parquet", f"{output}/delay_windows")),
-        ("sql", SqlTableSink("delay_windows_sql", sql_url, "delay_windows")),
+    for name, sink, expected, check in (
+        (
+            "delay_windows parquet",
+            ParquetTableSink("delay_windows_parquet", f"{output}/delay_windows"),
+            windows,
+            assert_windows_match,
+        ),
+        (
+            "delay_windows sql",
+            SqlTableSink("delay_windows_sql", sql_url, "delay_windows"),
+            windows,
+            assert_windows_match,
+        ),
+        (
+            "carrier_daily parquet",
+            ParquetTableSink("carrier_daily_parquet", f"{output}/carrier_daily"),
+            carriers,
+            assert_carrier_daily_match,
+        ),
     ):
         actual = sink.read_pandas()
         try:
-            assert_windows_match(actual, expected)
+            check(actual, expected)
             verdict = "equal to the pandas reference"
         except AssertionError as exc:
             verdict = f"DIFFERENT from the pandas reference: {str(exc)[:200]}"
         checks[name] = {"rows": len(actual), "expected_rows": len(expected), "verdict": verdict}
-        print(f"==> {name} sink: {len(actual)} window rows, {verdict}")
+        print(f"==> {name} sink: {len(actual)} rows, {verdict}")
     return {"stages": stages, "sinks": checks}
 
 
@@ -208,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FINALCKPT_EXAMPLE_CRASH"] = CRASH_SPEC
         os.environ["FINALCKPT_EXAMPLE_RETRIES"] = "0"
     dag = _load_dag()
-    print(f"==> pipeline key {key}: {args.days} days of nycflights13 through 4 stages")
+    print(
+        f"==> pipeline key {key}: {args.days} days of nycflights13 through 6 stages (two branches)"
+    )
     state = _run(dag, key)
     crashed = True
     if args.crash_mid_enrich:
