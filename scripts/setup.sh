@@ -43,7 +43,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "==> installing airflow-finalckpt with all extras (first time: a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade "pip>=24" "setuptools>=77,<81" wheel
-  .venv/bin/python -m pip install --quiet -e ".[airflow,spark,postgres,examples,lakehouse,dev]"
+  .venv/bin/python -m pip install --quiet -e ".[airflow,spark,postgres,examples,lakehouse,lineage,dev]"
   echo "$want" > "$stamp"
 fi
 

@@ -623,6 +623,13 @@ class FinalCheckpointStageOperator(BaseOperator):
                 spark.sparkContext.cancelAllJobs()
             spark.stop()
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (Airflow's provider calls it on success): sink tables with schema and
+        committed rows out, upstream stages' tables in."""
+        from airflow_finalckpt.lineage import stage_lineage
+
+        return stage_lineage(self, task_instance)
+
 
 class _NoLogic:
     """Closing needs no Spark: commits are file renames and database transactions."""

@@ -79,3 +79,16 @@ def test_lakehouse_sinks_survive_pickling_to_a_spark_driver(tmp_path: Path) -> N
         {"b": "2"},
         "pipe-d",
     )
+
+
+def test_openlineage_names_follow_the_naming_spec() -> None:
+    from airflow_finalckpt.lineage import dataset_name
+
+    assert dataset_name("file:///data/orders") == ("file", "/data/orders")
+    assert dataset_name("s3://bucket/warehouse/orders") == ("s3://bucket", "warehouse/orders")
+    assert dataset_name("postgres://db:5432/reports/public/totals") == (
+        "postgres://db:5432",
+        "reports.public.totals",
+    )
+    assert dataset_name("iceberg://prod/sales/eu/orders") == ("iceberg://prod", "sales.eu.orders")
+    assert dataset_name("sqlite:///tmp/out.db/totals") == ("sqlite:///tmp/out.db", "totals")
