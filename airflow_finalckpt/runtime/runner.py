@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from airflow_finalckpt import metrics
 from airflow_finalckpt.core.assignment import remaining_splits
 from airflow_finalckpt.core.batching import (
     DEFAULT_MAX_BATCH_SPLITS,
@@ -374,6 +375,7 @@ class StageRunner:
                 raise
             self.fault("after-record-batch")
             seconds = self.timer() - started
+            metrics.batch(stage_id, seconds, len(batch.splits))
             sizer.observe(batch.splits, seconds)
             if self.hints is not None and sizer.throughput is not None and self.spec.policy.auto:
                 self.hints.save(stage_id, sizer.throughput)
@@ -534,6 +536,7 @@ class StageRunner:
             self._abort_stale_transactions(txns)
             raise
         self.fault("after-finish")
+        metrics.stage_finished(self.spec.stage_id)
         self.log.info(
             "stage %s finished (%s): %d splits processed in this attempt, %d parts; final "
             "checkpoint is the first completed checkpoint >= %d (eager checkpoint %s triggered)",
@@ -604,7 +607,9 @@ class StageRunner:
                 )
             self.coordinator.check_epoch(self.spec.stage_id, self.epoch)
             self.fault("before-commit")
+            started = time.monotonic()
             sink.commit(txn)
+            metrics.commit(self.spec.stage_id, txn.sink_id, time.monotonic() - started)
             self.fault("mid-commit")
             if self.coordinator.mark_committed(
                 self.spec.stage_id, self.epoch, txn.sink_id, txn.txn_id
@@ -634,6 +639,7 @@ class StageRunner:
                 sink = self.sinks.get(txn.sink_id)
                 if sink is not None:
                     sink.abort(txn)
+            metrics.stage_closed(stage_id)
             self.log.info(
                 "stage %s closed on checkpoint %d: %d transactions committed now, %d aborted",
                 stage_id,

@@ -4,7 +4,9 @@ the commit (the next attempt commits again, the tables hold every row once)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -30,6 +32,44 @@ class InjectedCrash(RuntimeError):
     pass
 
 
+class RecordingStatsLogger:
+    """A metrics backend behind Airflow's ``stats.initialize`` seam: keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any, dict[str, Any]]] = []
+
+    def _keep(self, kind: str, stat: str, value: Any, tags: dict[str, Any] | None) -> None:
+        self.sent.append((kind, stat, value, dict(tags or {})))
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: Any = None) -> None:
+        self._keep("incr", stat, count, tags)
+
+    def decr(self, stat: str, count: int = 1, rate: float = 1, *, tags: Any = None) -> None:
+        self._keep("decr", stat, count, tags)
+
+    def gauge(
+        self, stat: str, value: float, rate: float = 1, delta: bool = False, *, tags: Any = None
+    ) -> None:
+        self._keep("gauge", stat, value, tags)
+
+    def timing(self, stat: str, dt: Any, *, tags: Any = None) -> None:
+        self._keep("timing", stat, dt, tags)
+
+
+@pytest.fixture
+def recorded_metrics() -> Iterator[RecordingStatsLogger]:
+    """Airflow's stats module sends to a recorder; its previous backend is put back after."""
+    from airflow.sdk._shared.observability.metrics import stats as module
+
+    saved = (module._factory, module._backend, module._export_legacy_names)
+    recorder = RecordingStatsLogger()
+    module.initialize(factory=lambda: recorder, export_legacy_names=False)  # type: ignore[arg-type,return-value]
+    try:
+        yield recorder
+    finally:
+        module._factory, module._backend, module._export_legacy_names = saved
+
+
 def _run(tmp_path: Path, spark: SparkSession, sinks: list[StagedTableSink], **kw: object) -> None:
     engine = make_engine(f"sqlite:///{tmp_path}/store.db")
     ensure_schema(engine)
@@ -46,7 +86,10 @@ def _run(tmp_path: Path, spark: SparkSession, sinks: list[StagedTableSink], **kw
 
 @pytest.mark.parametrize("crash_at", [None, "mid-commit"])
 def test_example_pipeline_publishes_to_iceberg_and_delta_exactly_once(
-    spark: SparkSession, tmp_path: Path, crash_at: str | None
+    spark: SparkSession,
+    tmp_path: Path,
+    crash_at: str | None,
+    recorded_metrics: RecordingStatsLogger,
 ) -> None:
     prepare_inputs(tmp_path / "inputs", days=DAYS)
     sinks: list[StagedTableSink] = [
@@ -77,3 +120,13 @@ def test_example_pipeline_publishes_to_iceberg_and_delta_exactly_once(
     assert committed and committed == delta.committed_txn_ids()
     # one snapshot / version per committed transaction that had rows
     assert len(table.snapshots()) == log.version() + 1 <= len(committed)
+
+    # metrics through Airflow's stats: every batch, every commit, every stage's finish and close
+    sent = recorded_metrics.sent
+    closed = {tags["stage_id"] for kind, stat, _, tags in sent if stat == "finalckpt.stage.closed"}
+    assert closed == {"ingest", "enrich", "delay_windows", "publish"}
+    batches = [(v, t) for k, stat, v, t in sent if stat == "finalckpt.batch.splits"]
+    assert batches and all(value >= 1 for value, _ in batches)
+    assert any(stat == "finalckpt.batch.duration" for _, stat, _, _ in sent)
+    commits = {t["sink_id"] for _, stat, _, t in sent if stat == "finalckpt.sink.commit.duration"}
+    assert commits == {"windows_iceberg", "windows_delta"}
