@@ -9,13 +9,15 @@ Names (all prefixed ``finalckpt.``; tags ``stage_id``, and ``sink_id`` for commi
 - ``finalckpt.stage.finished`` / ``finalckpt.stage.closed`` (counters): a stage finished its
   input / closed on its final checkpoint.
 
-Without Airflow (a plain Spark driver) nothing is emitted; a failing metrics backend never fails
-the pipeline.
+Outside an Airflow process (a plain Spark driver, the fault harness, the benchmarks' plain runs)
+nothing is emitted and Airflow is not imported; a failing metrics backend never fails the
+pipeline.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +31,8 @@ STAGE_CLOSED = "finalckpt.stage.closed"
 
 
 def _emit(kind: str, name: str, value: Any, tags: dict[str, str]) -> None:
+    if "airflow.sdk" not in sys.modules:
+        return  # not in an Airflow process: importing Airflow costs seconds and sets up logging
     try:
         from airflow.sdk.observability import stats
     except ImportError:
