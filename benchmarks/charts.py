@@ -161,7 +161,10 @@ def chart_overhead(plt: Any, doc: dict[str, Any], path: Path) -> None:
                 f"{label}: {value:.2f}" + (f" ({after:.2f} after ingest)" if after else "")
             )
     ax.set_ylabel("median wall seconds")
-    ax.set_title(f"Steady state, no failures: ours/plain {', '.join(parts)}; target <= 1.10")
+    ax.set_title(
+        f"Steady state, no failures, auto batches: ours/plain {', '.join(parts)}",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(_subtitle(doc), fontsize=9)
@@ -186,7 +189,8 @@ def chart_resume(plt: Any, doc: dict[str, Any], path: Path) -> None:
     ax.set_xticks([x + width * (len(sides) - 1) / 2 for x in range(len(cases))])
     ax.set_xticklabels(
         [
-            f"crash at {c['name'].split('@')[1]} of enrich\n"
+            f"crash at {c['name'].split('@')[1]} of enrich "
+            f"(actual {c['medians'].get('ours_finished_fraction', 0):.0%})\n"
             f"redone splits: ours {c['medians'].get('ours_redone_splits', 0):.0f}, "
             f"retry {c['medians'].get('retry_redone_splits', 0):.0f}"
             for c in cases
@@ -312,6 +316,40 @@ def chart_stop(plt: Any, doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def chart_curve(plt: Any, doc: dict[str, Any], path: Path) -> None:
+    cases = [c for c in doc["cases"] if c["name"].startswith("ours@")]
+    xs = [float(c["params"]["target_batch_s"]) for c in cases]
+    ratios = doc.get("ratios", {})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for suffix, label in (("", "whole pipeline"), ("/after_ingest", "enrich..publish")):
+        ys = [ratios.get(f"ours_over_plain/{x:g}s{suffix}") or 0.0 for x in xs]
+        left.plot(xs, ys, marker="o", label=label)
+    left.axhline(1.10, color="grey", linestyle="--", linewidth=1, label="1.10")
+    left.axhline(1.0, color="black", linewidth=0.5)
+    left.set_xscale("log")
+    left.set_xlabel("target_batch_s")
+    left.set_ylabel("ours / plain (median wall time)")
+    left.set_title("Overhead, no failures", fontsize=9)
+    for metric, label in (
+        ("max_batch_s", "worst case: longest batch"),
+        ("expected_redo_s", "expected (crash at a random moment)"),
+    ):
+        right.plot(xs, [c["medians"].get(metric, 0.0) for c in cases], marker="o", label=label)
+    right.set_xscale("log")
+    right.set_xlabel("target_batch_s")
+    right.set_ylabel("seconds of work redone after a crash")
+    right.set_title("Redone work after a crash (= stop-with-savepoint wait)", fontsize=9)
+    for ax in (left, right):
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{x:g}" for x in xs])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Auto batches vs target duration: {_subtitle(doc)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 CHARTS: dict[str, Callable[[Any, dict[str, Any], Path], None]] = {
     "coordinator_scale": chart_scale,
     "triggerer_load": chart_waiters,
@@ -319,6 +357,8 @@ CHARTS: dict[str, Callable[[Any, dict[str, Any], Path], None]] = {
     "steady_state_overhead": chart_overhead,
     "resume_savings": chart_resume,
     "stop_latency": chart_stop,
+    "batch_target_curve": chart_curve,
+    "steady_state_overhead_x10": chart_overhead,
 }
 
 

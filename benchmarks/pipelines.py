@@ -117,10 +117,20 @@ def prepare_inputs(dest: str | Path, days: int, scale: int = 1) -> str:
 
 
 def default_batch_sizes(days: int) -> dict[str, int]:
-    """About four to six batches per stage: ingest takes ~days/6 days per batch, so enrich,
-    delay_windows and publish see ~6 parts and take one or two per batch."""
+    """The hand-picked sizes of the committed "before" run (about six batches per stage); the
+    benchmarks now use ``batch_size="auto"`` (an empty mapping) on our side."""
     ingest = max(1, -(-days // 6))
     return {"ingest": ingest, "enrich": 1, "delay_windows": 2, "publish": 2}
+
+
+def hints_for(root: str | Path, scope: str = "bench") -> Any:
+    """Throughput hints kept under ``root`` and shared by every run given them: the runs of one
+    DAG (a resume or the next run sizes its first batch from what was measured)."""
+    from airflow_finalckpt.storage import CheckpointStorage
+    from airflow_finalckpt.storage.hints import StorageThroughputHints
+
+    Path(root).mkdir(parents=True, exist_ok=True)
+    return StorageThroughputHints(CheckpointStorage(str(root)), scope)
 
 
 class Ours:
@@ -132,10 +142,15 @@ class Ours:
         input_dir: str,
         root: str | Path,
         *,
-        batch_sizes: Mapping[str, int],
+        batch_sizes: Mapping[str, int | str] | None = None,
         checkpoint_interval_s: float = 10.0,
         pipeline_key: str = "bench",
+        target_batch_s: float | None = None,
+        hints: Any = None,
     ) -> None:
+        """``batch_sizes``: per stage a split count or ``"auto"`` (default: auto everywhere);
+        ``target_batch_s``: the auto batches' target duration (None: the runtime's default);
+        ``hints``: a ``ThroughputHints`` shared across runs (None: every run probes)."""
         from airflow_finalckpt.core.coordinator import Coordinator
         from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
         from airflow_finalckpt.storage import CheckpointStorage
@@ -146,8 +161,10 @@ class Ours:
         self.input_dir = input_dir
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.batch_sizes = dict(batch_sizes)
+        self.batch_sizes: dict[str, int | str] = dict(batch_sizes or {})
         self.interval = checkpoint_interval_s
+        self.target_batch_s = target_batch_s
+        self.hints = hints
         self.engine = make_engine(f"sqlite:///{self.root}/coordination.db")
         ensure_schema(self.engine)
         self.storage = CheckpointStorage(str(self.root / "checkpoints"))
@@ -159,6 +176,21 @@ class Ours:
         for sink in (self.parquet, self.sql):
             self.timer.instrument(sink, ("precommit", "commit", "abort"), "sink_2pc")
         self.timer.instrument(self.storage, ("write_state", "read_state"), "state_io")
+        #: Per stage, the splits of every recorded batch of the latest run (its batch sizes).
+        self.batches: dict[str, list[int]] = {}
+        #: Per stage, the seconds of every batch (before-batch -> after-record-batch).
+        self.batch_seconds: dict[str, list[float]] = {}
+        record = self.coordinator.record_batch
+
+        def counted(stage_id: str, *args: Any, **kwargs: Any) -> Any:
+            finished = list(kwargs.get("finished_splits", ()))
+            kwargs["finished_splits"] = finished
+            outcome = record(stage_id, *args, **kwargs)
+            if finished:
+                self.batches.setdefault(stage_id, []).append(len(finished))
+            return outcome
+
+        self.coordinator.record_batch = counted  # type: ignore[method-assign]
 
     def run(self, fault: Callable[[str, str], None] | None = None) -> PipelineRun:
         """One (possibly resumed) run; an exception from ``fault`` propagates after the run
@@ -172,9 +204,17 @@ class Ours:
         # The stage logic objects are created inside run_example_locally: time their state
         # I/O at class level for the duration of this run.
         originals = {n: getattr(SparkStageLogic, n) for n in ("persist_state", "read_state")}
+        self.batches, self.batch_seconds = {}, {}
+        batch_started: dict[str, float] = {}
 
         def hook(stage_id: str, point: str) -> None:
-            self.last.stage_started.setdefault(stage_id, time.perf_counter() - started)
+            now = time.perf_counter()
+            self.last.stage_started.setdefault(stage_id, now - started)
+            if point == "before-batch":
+                batch_started[stage_id] = now
+            elif point == "after-record-batch" and stage_id in batch_started:
+                began = batch_started.pop(stage_id)
+                self.batch_seconds.setdefault(stage_id, []).append(now - began)
             if fault is not None:
                 fault(stage_id, point)
 
@@ -188,9 +228,10 @@ class Ours:
                 self.storage,
                 [self.parquet, self.sql],
                 batch_sizes=self.batch_sizes,
+                target_batch_s=self.target_batch_s,
+                hints=self.hints,
                 checkpoint_interval_s=self.interval,
                 fault=hook,
-                hints=getattr(self, "hints", None),
             )
         finally:
             for name, method in originals.items():

@@ -18,12 +18,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+STAGES = ("ingest", "enrich", "delay_windows", "publish")
 BENCHMARKS = (
     "coordinator_scale",
     "triggerer_load",
     "final_checkpoint_latency",
     "steady_state_overhead",
     "resume_savings",
+    "batch_target_curve",
     "stop_latency",
 )
 TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
@@ -49,14 +51,16 @@ CASE_MEDIANS = {
     "final_checkpoint_latency": {"p50_s", "p95_s", "reference_p50_s"},
     "steady_state_overhead": {"seconds"},
     "resume_savings": set(),
+    "batch_target_curve": {"seconds"},
     "stop_latency": {"batch_s", "prior_batch_s"},
 }
 RATIO_PREFIXES = {
     "coordinator_scale": (),
     "triggerer_load": ("round_over_poll_interval/",),
     "final_checkpoint_latency": ("reference_over_measured_p50/",),
-    "steady_state_overhead": ("ours_over_plain/", "protocol_over_plain/"),
+    "steady_state_overhead": ("ours_over_plain/", "cold_over_plain/", "protocol_over_plain/"),
     "resume_savings": ("ours_over_ideal/", "retry_over_ideal/", "rerun_over_ideal/"),
+    "batch_target_curve": ("ours_over_plain/",),
     "stop_latency": (
         "savepoint_over_batch/",
         "suspended_over_batch/",
@@ -149,6 +153,8 @@ def test_benchmark_specifics(quick_run: tuple[Path, str]) -> None:
     for case in crashes:
         # correctness, not timing: a resume redoes exactly the unfinished splits
         assert case["medians"]["ours_redone_splits"] == case["params"]["unfinished_splits"]
+        assert case["samples"]["ours_redone_splits"] == case["samples"]["ours_unfinished_splits"]
+        assert 0 < case["medians"]["ours_finished_fraction"] < 1
         assert case["medians"]["ours_ingest_spark_jobs"] == 0
 
     stop = json.loads((out / "stop_latency.json").read_text())
@@ -167,6 +173,22 @@ def test_benchmark_specifics(quick_run: tuple[Path, str]) -> None:
     steady = json.loads((out / "steady_state_overhead.json").read_text())
     rows = {c["name"]: c["medians"]["output_rows"] for c in steady["cases"]}
     assert len(set(rows.values())) == 1, f"both sides must write the same rows: {rows}"
+    assert {c["name"].split("/")[0] for c in steady["cases"]} == {"plain", "ours", "ours-cold"}
+    for case in steady["cases"]:
+        if case["params"]["side"] != "plain":
+            # auto batches: every stage ran at least one batch, and the sizes are recorded
+            assert all(case["medians"][f"batches_{s}"] >= 1 for s in STAGES)
+            assert case["params"]["batch_sizes"]
+
+    curve = json.loads((out / "batch_target_curve.json").read_text())
+    ours = sorted(
+        (c for c in curve["cases"] if c["params"]["side"] == "ours"),
+        key=lambda c: c["params"]["target_batch_s"],
+    )
+    assert len(ours) >= 2
+    totals = [sum(c["medians"][f"batches_{s}"] for s in STAGES) for c in ours]
+    # a smaller target never means fewer batches (sizes, not seconds)
+    assert totals == sorted(totals, reverse=True), totals
 
 
 def test_charts_or_a_clear_skip_message(quick_run: tuple[Path, str]) -> None:
