@@ -22,10 +22,11 @@ started; the plain ``retry``/``ideal`` jobs read one plain ``ingest`` output.
 Our side uses ``batch_size="auto"`` with a target batch duration of ``TARGET_BATCH_S`` (smaller
 than the runtime's 30 s default, so that enrich on this data runs in several batches and a crash
 point means something) and one throughput-hints root seeded by an untimed warm-up run on the
-same data (the DAG's earlier runs). The crash comes in the first enrich batch that starts once
-the finished fraction of enrich's splits reached the crash point: with batches, the granularity
-is a batch, so the actual finished fraction is reported next to the nominal one, and the ideal is
-computed for the days actually unfinished in each sample.
+same data (the DAG's earlier runs). The crash hits the enrich batch in flight when the finished
+fraction of enrich's splits reaches the crash point (the first batch that starts at or after it,
+or runs across it): with batches the granularity is a batch, so the actual finished fraction is
+reported next to the nominal one, and the ideal is computed for the days actually unfinished in
+each sample.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ TARGET_FACTOR = 1.10
 #: pays a fixed cost (new attempts, the final checkpoints of the resumed stages).
 TARGET_CONSTANT_S = 3.0
 #: The auto batches' target duration here (the runtime's default is 30 s; see the module doc).
-TARGET_BATCH_S = 2.0
+TARGET_BATCH_S = 1.0
 #: Quick mode: tiny batches (one split each), so 2 days still give 2 enrich batches.
 QUICK_TARGET_BATCH_S = 0.01
 DOWNSTREAM = ("enrich", "delay_windows", "publish")
@@ -149,30 +150,35 @@ def crash_and_resume(
     target_batch_s: float,
     hints: Any,
 ) -> tuple[dict[str, float], list[str]]:
-    """Crash enrich mid-batch in the first batch that starts once the finished fraction of its
-    splits reached ``point``; resume (timed). Returns the metrics and the unfinished parts."""
-    state = {"armed": False, "batches": 0}
+    """Crash enrich in the batch in flight when its finished fraction reaches ``point``: the
+    first batch that starts at or after the point, or that runs across it (a batch ending
+    exactly at the point completes). The batch is computed, then the crash (not recorded: its
+    work is lost). Then resume (timed). Returns the metrics and the unfinished parts."""
+    from airflow_finalckpt.spark.stage import SparkStageLogic
+
+    state = {"batches": 0}
     first = Ours(spark, inputs, root, target_batch_s=target_batch_s, hints=hints)
+    original = SparkStageLogic.process
 
-    def finished() -> int:
-        return len(first.coordinator.stage("enrich").progress.finished_splits)
-
-    def crash(stage_id: str, point_name: str) -> None:
-        if stage_id != "enrich":
-            return
-        if point_name == "before-batch":
-            state["armed"] = finished() >= point * len(parts)
-        elif point_name == "mid-batch" and state["armed"]:
-            raise InjectedCrash("crash in enrich")
-        elif point_name == "after-record-batch":
-            state["batches"] += 1
+    def process(logic: Any, batch: Any, txn_ids: Any) -> Any:
+        out = original(logic, batch, txn_ids)
+        if logic.stage_id != "enrich":
+            return out
+        state["batches"] += 1
+        before = len(first.coordinator.stage("enrich").progress.finished_splits)
+        goal = point * len(parts)
+        if before >= goal or before + len(batch.splits) > goal:
+            raise InjectedCrash(f"crash in enrich batch {state['batches']}")
+        return out
 
     try:
-        first.run(fault=crash)
-        raise RuntimeError("the injected crash did not happen (enrich ran in too few batches)")
+        SparkStageLogic.process = process  # type: ignore[method-assign]
+        first.run()
+        raise RuntimeError("the injected crash did not happen")
     except InjectedCrash:
         done = set(first.coordinator.stage("enrich").progress.finished_splits)
     finally:
+        SparkStageLogic.process = original  # type: ignore[method-assign]
         first.close()
     lost_batch = len(parts) - len(done)
     second = Ours(spark, inputs, root, target_batch_s=target_batch_s, hints=hints)
@@ -191,7 +197,7 @@ def crash_and_resume(
         "unfinished_splits": float(lost_batch),
         "finished_before_crash": float(len(done)),
         "finished_fraction": len(done) / len(parts),
-        "batches_before_crash": float(state["batches"]),
+        "batches_before_crash": float(state["batches"] - 1),
         "resumed_enrich_batches": float(resumed_batches),
         "ingest_spark_jobs": float(run.processed_splits.get("ingest", 0)),
         "enrich_s": stages.get("enrich", 0.0),
@@ -213,8 +219,9 @@ def run(quick: bool = False) -> Result:
         "so enrich runs in several batches)",
         "hints": "one hints root, seeded by an untimed warm-up run on the same data",
         "crash_points": list(points),
-        "crash": "exception in the middle of the first enrich batch that starts once the "
-        "finished fraction of enrich's splits >= the crash point (computed, not recorded)",
+        "crash": "exception after computing the enrich batch in flight when the finished "
+        "fraction of enrich's splits reaches the crash point (the first batch starting at or "
+        "after it, or running across it); the batch is not recorded: its work is lost",
         "target": f"ours <= {TARGET_FACTOR} x ideal + {TARGET_CONSTANT_S:g} s, and <= retry",
     }
     spark = spark_session()
