@@ -454,7 +454,19 @@ class Coordinator:
             self._write_graph(tx, graph, opts, now)
             if plan is not None and record is not None:
                 self._apply_restore(tx, plan, record, str(source), now)
-            return StartOutcome(restored=plan, change=change)
+            outcome = StartOutcome(restored=plan, change=change)
+        if record is not None and source is not None:
+            # Every start from a savepoint (each stage task, each attempt), not only the one
+            # that applied the restore: no stage reads before the files are in place.
+            self._materialize(record, source)
+        return outcome
+
+    def _materialize(self, record: CheckpointRecord, source: str) -> None:
+        """Copy the files a self-contained savepoint holds into this pipeline's directory
+        where they are missing (a savepoint directory copied alone to another cluster)."""
+        materialize = getattr(self.writer, "materialize", None)
+        if materialize is not None:
+            materialize(record, source)
 
     def _write_graph(
         self, tx: _Tx, graph: StageGraph, opts: CoordinatorOptions, now: float
@@ -1352,7 +1364,8 @@ class Coordinator:
             if tx.pipeline["restored_from"] == source:
                 return False
             self._apply_restore(tx, plan, record, source, self.clock())
-            return True
+        self._materialize(record, source)
+        return True
 
     def _apply_restore(
         self, tx: _Tx, plan: RestorePlan, record: CheckpointRecord, source: str, now: float

@@ -1,7 +1,8 @@
 """Garbage collection of intermediate outputs and superseded state.
 
 A pipeline directory holds, besides the ``chk-<id>/`` checkpoint directories (owned by
-checkpoint retention; only stray temporary files are removed from them here)::
+checkpoint retention; only stray temporary files are removed from them here, so a savepoint's own
+copies of the files it references, ``chk-<id>/files/``, are never collected)::
 
     data/<stage>/<batch key>/            an output part (Parquet, read by downstream stages)
     data/<stage>/_parts/<batch key>.json the output handle listing it (``output:<part>,...``)

@@ -6,7 +6,9 @@ Layout under the root::
     <root>/<pipeline_key>/<state path>             state and staged files, StateHandle.path
 
 StateHandle paths are relative to the pipeline directory, so a pipeline directory can be copied
-to another root (another cluster) and restored from there.
+to another root (another cluster) and restored from there. A savepoint also holds a copy of every
+file it references (``chk-<id>/files/``, listed with checksums in ``chk-<id>/_files.json``, see
+:mod:`~airflow_finalckpt.storage.savepoint_files`): its directory alone is enough to restore.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from airflow_finalckpt.core.errors import (
 )
 from airflow_finalckpt.core.metadata import dump_metadata, load_metadata
 from airflow_finalckpt.core.model import CheckpointRecord, StateHandle
+from airflow_finalckpt.storage import savepoint_files
 from airflow_finalckpt.storage.atomic import atomic_write, protocols_of
 from airflow_finalckpt.storage.paths import (
     METADATA_FILE_NAME,
@@ -202,6 +205,9 @@ class CheckpointStorage:
         try:
             if replace_orphan and self.fs.exists(fs_dir):
                 self.fs.rm(fs_dir, recursive=True)
+            if savepoint_files.is_self_contained_kind(record):
+                # before _metadata: a complete savepoint always holds what it references
+                savepoint_files.bundle(self, record, fs_dir)
             atomic_write(self.fs, fs_path, data)
         except OSError as exc:
             raise StorageError(
@@ -220,6 +226,13 @@ class CheckpointStorage:
                 "exist or never completed"
             )
         return load_metadata(data, source=location.metadata_path)
+
+    def materialize(self, record: CheckpointRecord, source: str) -> int:
+        """Restoring from the savepoint at ``source``: copy the files it holds (see
+        :mod:`~airflow_finalckpt.storage.savepoint_files`) that the pipeline directory lacks
+        into it, verified; returns how many. Idempotent; a checkpoint without a file list
+        copies nothing."""
+        return savepoint_files.materialize(self, record, source)
 
     def discard_checkpoint(self, metadata_path: str) -> None:
         """Delete a checkpoint directory; idempotent.

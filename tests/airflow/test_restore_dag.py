@@ -153,6 +153,44 @@ def test_a_savepoint_restores_into_a_new_dag_run_with_an_empty_store(
     assert all(v.lifecycle.value == "CLOSED" for v in coord.stages().values())
 
 
+def test_only_the_savepoint_directory_copied_to_another_cluster_restores(
+    spark: Any, other_cluster: Path, airflow_home: Any
+) -> None:
+    """DESIGN.md: "A savepoint path alone is enough to restore". Only ``chk-<id>/`` is copied
+    to the other cluster's storage root and the source storage is deleted; the restore maps the
+    savepoint's own copies of its state, outputs and manifests into the new pipeline directory
+    and both sinks equal the pandas reference."""
+    work = other_cluster
+    input_dir = str(work / "input")
+    prepare_inputs(input_dir, days=first_days(DAYS))
+    source_savepoint, done = _savepoint_mid_enrich(spark, input_dir, work)
+    source_root = work / "source-checkpoints"
+    chk = Path(source_savepoint).parent
+    target = work / "other-checkpoints" / chk.relative_to(source_root)
+    shutil.copytree(chk, target)
+    shutil.rmtree(source_root)  # nothing may be read from the source cluster
+    assert sorted(p.name for p in target.parent.iterdir()) == [chk.name]
+    savepoint = str(target)
+
+    dag = _dag_file(airflow_home, input_dir, str(work / "output"))
+    result = dag.test(run_conf={"restore_from": savepoint})
+    assert str(result.state).endswith("success")
+
+    manifest = set(_xcom(result.run_id, "ingest", "end_of_data")["manifest"])
+    enrich = _xcom(result.run_id, "enrich", "stage_run")
+    assert set(enrich["processed_splits"]) == manifest - done  # resumed, not started over
+    expected = reference_pipeline(first_days(DAYS)).windows
+    parquet = ParquetTableSink("delay_windows_parquet", f"{work}/output/delay_windows")
+    sql = SqlTableSink(
+        "delay_windows_sql", f"sqlite:///{work}/output/delay_windows.db", "delay_windows"
+    )
+    assert_windows_match(parquet.read_pandas(), expected)
+    assert_windows_match(sql.read_pandas(), expected)
+    coord = Coordinator(make_engine(os.environ["AIRFLOW__FINALCKPT__STORE_URL"]), "nyc-source-run")
+    assert coord.restored_from() == savepoint
+    assert all(v.lifecycle.value == "CLOSED" for v in coord.stages().values())
+
+
 def test_finalckpt_restore_creates_the_dag_run(
     spark: Any, other_cluster: Path, airflow_home: Any
 ) -> None:

@@ -613,3 +613,67 @@ def test_a_failing_collection_does_not_fail_the_close(
     assert env.coord.stage("a").lifecycle is StageLifecycle.CLOSED
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert any("storage on fire" in r.getMessage() for r in warnings)
+
+
+def test_gc_never_deletes_what_a_retained_savepoint_references(env: Env, tmp_path: Path) -> None:
+    """Everything a retained savepoint references survives collection: in the pipeline
+    directory (a restore in place) and in the savepoint's own copy (the savepoint directory
+    copied alone to another root restores, every file verified)."""
+    import shutil
+
+    from airflow_finalckpt.storage.savepoint_files import bundled_files
+
+    graph = chain("a", "b")
+    env.coord.register(graph)
+    a = env.coord.start_attempt("a", total_splits=2).epoch
+    p1, h1 = output_part(env, "a", "b1", NOW - 5 * HOUR)
+    p2, h2 = output_part(env, "a", "b2", NOW - 5 * HOUR)
+    env.coord.record_batch("a", a, finished_splits=["d1", "d2"], state=[h1, h2])
+    finish_and_close(
+        env, "a", a, StageSnapshot(state=(h1, h2), end_of_data=EndOfData(manifest=[p1, p2]))
+    )
+    b = env.coord.start_attempt("b", total_splits=2).epoch
+    s1_dir, s1 = state_frame(env, "b", "win", NOW - 5 * HOUR)
+    g_dir, g = state_frame(env, "b", "dim", NOW - 5 * HOUR, kind="global")
+    pb1, hb1 = output_part(env, "b", "c1", NOW - 5 * HOUR)
+    env.coord.record_batch("b", b, finished_splits=[p1], state=[s1, g, hb1])
+    stop = env.coord.request_stop(StopMode.SAVEPOINT)
+    env.coord.record_batch("b", b)
+    env.coord.suspend("b", b)
+    assert env.coord.stop_request().state is StopState.COMPLETED  # type: ignore[union-attr]
+    savepoint = env.coord.checkpoint(stop.savepoint_id or 0).metadata_path
+    assert savepoint is not None
+    referenced = set(bundled_files(env.storage, savepoint))
+    assert {f"{p1}/_SUCCESS", f"{p2}/_SUCCESS", f"{s1_dir}/_SUCCESS", f"{g_dir}/_SUCCESS"} <= (
+        referenced
+    )
+    # the run goes on to the end: superseded state, consumed parts, retention of checkpoints
+    env.coord.resume()
+    b = env.coord.start_attempt("b", total_splits=2).epoch
+    _s2_dir, s2 = state_frame(env, "b", "win", NOW - 4 * HOUR)
+    pb2, hb2 = output_part(env, "b", "c2", NOW - 4 * HOUR)
+    env.coord.record_batch("b", b, finished_splits=[p1, p2], state=[s2, g, hb1, hb2])
+    unreferenced = write_dir(env, "state/b/state_win/never-recorded", NOW - 5 * HOUR)
+    finish_and_close(
+        env, "b", b, StageSnapshot(state=(g, hb1, hb2), end_of_data=EndOfData(manifest=[pb1, pb2]))
+    )
+    flush_retention(env, graph)
+
+    report = collect_garbage(env.coord, env.storage, grace_s=0)
+
+    assert "state/b/state_win/never-recorded" in report.deleted_paths  # collection did run
+    assert not unreferenced.exists()
+    for rel in referenced:
+        assert env.path(rel).exists(), f"gc deleted {rel}, which savepoint {savepoint} needs"
+    # the savepoint directory alone, copied to another root, still restores every file
+    other = CheckpointStorage(str(tmp_path / "other-root"))
+    chk = Path(savepoint).parent
+    shutil.copytree(chk, tmp_path / "other-root" / KEY / chk.name)
+    copied = str(tmp_path / "other-root" / KEY / chk.name)
+    record = other.read_checkpoint(copied)
+    assert other.materialize(record, copied) == len(referenced)
+    for handle in record.stages["b"].state:
+        other.read_state(KEY, handle)
+    assert (tmp_path / "other-root" / KEY / s1_dir / "part-00000.parquet").read_bytes() == (
+        env.path(f"{s1_dir}/part-00000.parquet").read_bytes()
+    )
