@@ -50,7 +50,7 @@ TARGET_FACTOR = 1.10
 #: pays a fixed cost (new attempts, the final checkpoints of the resumed stages).
 TARGET_CONSTANT_S = 3.0
 #: The auto batches' target duration here (the runtime's default is 30 s; see the module doc).
-TARGET_BATCH_S = 1.0
+TARGET_BATCH_S = 0.5
 #: Quick mode: tiny batches (one split each), so 2 days still give 2 enrich batches.
 QUICK_TARGET_BATCH_S = 0.01
 DOWNSTREAM = ("enrich", "delay_windows", "publish")
