@@ -90,6 +90,7 @@ def build_branching_dag(
     days: int = 365,
     retries: int = 2,
     batch_sizes: Mapping[str, int | str] | None = None,
+    spark_conf: Mapping[str, str] | None = None,
     ingest_delay_s: Knob[float] = 0.0,
     weather_delay_s: Knob[float] = 0.0,
     enrich_delay_s: Knob[float] = 0.0,
@@ -106,6 +107,7 @@ def build_branching_dag(
     :param sql_url: the SQL sink database of ``publish`` (default: SQLite in ``output_dir``).
     :param batch_sizes: per stage, a fixed split count instead of the default ``"auto"``
         (tests that need a known batch structure).
+    :param spark_conf: Spark settings of every stage's session (the operator's ``spark_conf``).
     :param ingest_delay_s: / ``weather_delay_s`` / ``enrich_delay_s`` / ``windows_delay_s`` /
         ``carrier_delay_s``: seconds each batch of that stage sleeps (tests use them to pace
         the branches, or pass a callable that blocks until the test lets the batch go on).
@@ -116,6 +118,7 @@ def build_branching_dag(
     """
     sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
     sizes = dict(batch_sizes or {})
+    conf = dict(spark_conf or {})
     enrich_logic = enrich_transform(input_dir)
     with DAG(
         dag_id=dag_id,
@@ -134,6 +137,7 @@ def build_branching_dag(
             return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
 
         @finalckpt_stage(
+            spark_conf=conf,
             splits=lambda: open_layout(input_dir).split_ids,
             batch_size=sizes.get("ingest", "auto"),
         )
@@ -141,18 +145,22 @@ def build_branching_dag(
             time.sleep(_value(ingest_delay_s))
             return stages.ingest_transform(input_dir)(ctx)
 
-        @finalckpt_stage(splits=list(ORIGINS), batch_size=sizes.get("weather", "auto"))
+        @finalckpt_stage(
+            splits=list(ORIGINS), batch_size=sizes.get("weather", "auto"), spark_conf=conf
+        )
         def weather(ctx: BatchContext) -> DataFrame | None:
             time.sleep(_value(weather_delay_s))
             return weather_transform(input_dir)(ctx)
 
-        @finalckpt_stage(primary_input="ingest", batch_size=sizes.get("enrich", "auto"))
+        @finalckpt_stage(
+            primary_input="ingest", batch_size=sizes.get("enrich", "auto"), spark_conf=conf
+        )
         def enrich(ctx: BatchContext) -> DataFrame | None:
             time.sleep(_value(enrich_delay_s))
             stages.crash_if_requested(ctx, _value(crash), hard=_value(crash_hard))
             return enrich_logic(ctx)
 
-        @finalckpt_stage(batch_size=sizes.get("delay_windows", "auto"))
+        @finalckpt_stage(batch_size=sizes.get("delay_windows", "auto"), spark_conf=conf)
         def delay_windows(ctx: BatchContext) -> DataFrame | None:
             time.sleep(_value(windows_delay_s))
             return stages.windows_transform(ctx)
@@ -162,6 +170,7 @@ def build_branching_dag(
             return stages.windows_finish(ctx)
 
         @finalckpt_stage(
+            spark_conf=conf,
             batch_size=sizes.get("publish", "auto"),
             commit_mode="final",
             # The task succeeds only after its sinks committed: the asset event marks
@@ -176,6 +185,7 @@ def build_branching_dag(
             return stages.publish_transform(ctx)
 
         @finalckpt_stage(
+            spark_conf=conf,
             batch_size=sizes.get("carrier_daily", "auto"),
             commit_mode="final",
             outlets=[Asset(carrier_asset)],
