@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from pyspark.sql import SparkSession
 
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
     from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
     from airflow_finalckpt.spark.stage import Transform
 
@@ -59,6 +59,17 @@ class StageRun:
     result: RunResult
     runner: StageRunner
     spark_started: bool
+
+
+def coordinator_options(settings: Any) -> CoordinatorOptions:
+    """The pipeline's retention and checkpoint timeout from ``[finalckpt]`` (every stage start
+    writes them, so a changed setting applies from the next stage on)."""
+    from airflow_finalckpt.core.coordinator import CoordinatorOptions
+
+    return CoordinatorOptions(
+        retain_checkpoints=int(settings.retain_checkpoints),
+        checkpoint_timeout_s=float(settings.checkpoint_timeout_s),
+    )
 
 
 def hints_scope(dag_id: str) -> str:
@@ -207,6 +218,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         # the one graph-change check of every start from existing progress, before any write
         started = coordinator.start_pipeline(
             graph,
+            options=coordinator_options(settings),
             record=record,
             source=str(restore_from) if restore_from else None,
             allow_drop_stages=parse_allow_drop_stages(conf.get(ALLOW_DROP_STAGES_KEY)),
