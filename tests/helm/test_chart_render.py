@@ -169,6 +169,7 @@ def test_default_install(render: Render) -> None:
         "AIRFLOW__FINALCKPT__CHECKPOINT_INTERVAL_S": "60",
         "AIRFLOW__FINALCKPT__CHECKPOINT_TIMEOUT_S": "600",
         "AIRFLOW__FINALCKPT__RETAIN_CHECKPOINTS": "3",
+        "AIRFLOW__FINALCKPT__TARGET_BATCH_S": "30",
         "SPARK_CONF_DIR": "/opt/finalckpt/spark-conf",
     }
     # A database on the official chart's PostgreSQL (its service and default password).

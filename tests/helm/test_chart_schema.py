@@ -151,6 +151,11 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str, str]] = {
         "'/settings/retainCheckpoints'",
         "minimum: got 0, want 1",
     ),
+    "zero target batch duration": (
+        {"settings": {"targetBatchS": 0}},
+        "'/settings/targetBatchS'",
+        "exclusiveMinimum",
+    ),
     "interval not a number": (
         {"settings": {"checkpointIntervalS": "1m"}},
         "'/settings/checkpointIntervalS'",
