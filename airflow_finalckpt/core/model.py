@@ -105,6 +105,17 @@ class StateHandle(_Frozen):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+#: State handles whose name starts with this prefix list the stage's output parts.
+OUTPUT_PREFIX = "output:"
+
+
+def output_parts(handle: StateHandle) -> list[str]:
+    """The parts an output handle names (``output:<part>[,<part>...]``); [] for other handles."""
+    if not handle.name.startswith(OUTPUT_PREFIX):
+        return []
+    return [p for p in handle.name[len(OUTPUT_PREFIX) :].split(",") if p]
+
+
 class SinkTransaction(_Frozen):
     """A sink transaction pre-committed at ``checkpoint_id`` (None: opened, not yet covered)."""
 

@@ -26,9 +26,8 @@ from typing import Any
 
 from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
-from airflow_finalckpt.core.model import MAX_WATERMARK, EndOfData, StateHandle
+from airflow_finalckpt.core.model import MAX_WATERMARK, OUTPUT_PREFIX, EndOfData, StateHandle
 from airflow_finalckpt.runtime.runner import (
-    OUTPUT_PREFIX,
     Batch,
     BatchOutput,
     CommitMode,

@@ -27,12 +27,12 @@ from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
+    OUTPUT_PREFIX,
     CheckpointState,
     StageLifecycle,
     StageStatus,
     TransactionState,
 )
-from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.atomic import TEMP_MARKER

@@ -62,6 +62,7 @@ from airflow_finalckpt.core.errors import (
 )
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
+    OUTPUT_PREFIX,
     CheckpointRecord,
     CheckpointState,
     EndOfData,
@@ -69,11 +70,11 @@ from airflow_finalckpt.core.model import (
     StageSnapshot,
     StageStatus,
     StateHandle,
+    output_parts,
 )
-from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX
-from airflow_finalckpt.storage import CheckpointStorage, validate_state_path
+from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.atomic import TEMP_MARKER
-from airflow_finalckpt.storage.paths import parse_checkpoint_dir_name
+from airflow_finalckpt.storage.paths import normalize_state_path, parse_checkpoint_dir_name
 from airflow_finalckpt.store import schema as t
 
 log = logging.getLogger(__name__)
@@ -185,35 +186,18 @@ class _Refs:
     notes: list[str] = field(default_factory=list)
 
     def add(self, relpath: str, source: str) -> None:
-        path = _normalize(relpath)
+        path = normalize_state_path(relpath)
         if path is None:
             self.notes.append(f"ignored invalid path {relpath!r} named by {source}")
             return
         self.paths.setdefault(path, set()).add(source)
 
     def add_part(self, stage_id: str, relpath: str, source: str) -> None:
-        path = _normalize(relpath)
+        path = normalize_state_path(relpath)
         if path is None:
             self.notes.append(f"ignored invalid output part {relpath!r} named by {source}")
             return
         self.parts.setdefault(stage_id, {}).setdefault(path, set()).add(source)
-
-
-def _normalize(relpath: str) -> str | None:
-    if not isinstance(relpath, str):
-        return None
-    path = relpath.strip().rstrip("/")
-    while path.startswith("./"):
-        path = path[2:]
-    try:
-        validate_state_path(path)
-    except UnsafePathError:
-        return None
-    return path
-
-
-def _parts_of(handle: StateHandle) -> list[str]:
-    return [p for p in handle.name[len(OUTPUT_PREFIX) :].split(",") if p]
 
 
 class _Collector:
@@ -265,7 +249,7 @@ class _Collector:
         for handle in handles:
             self.refs.add(handle.path, source)
             if handle.name.startswith(OUTPUT_PREFIX):
-                for part in _parts_of(handle):
+                for part in output_parts(handle):
                     self.refs.add_part(stage_id, part, source)
                 continue
             if handle.path.endswith(".json"):

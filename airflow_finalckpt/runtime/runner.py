@@ -42,17 +42,16 @@ from airflow_finalckpt.core.errors import (
 )
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
+    OUTPUT_PREFIX,
     EndOfData,
     SinkTransaction,
     StageLifecycle,
     StageSnapshot,
     StateHandle,
     TriggerReason,
+    output_parts,
 )
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
-
-#: State handles whose name starts with this prefix list the stage's output parts.
-OUTPUT_PREFIX = "output:"
 
 
 class CommitMode(StrEnum):
@@ -515,7 +514,7 @@ class StageRunner:
             state = list(out.state)
         txns = self._precommit(key)
         self.fault("before-finish")
-        manifest = [part for h in outputs for part in _parts_of(h)]
+        manifest = [part for h in outputs for part in output_parts(h)]
         try:
             result = self.coordinator.finish(
                 self.spec.stage_id,
@@ -673,8 +672,3 @@ class StageRunner:
 def _describe_throughput(throughput: Throughput | None, template: str) -> str:
     """The measured rate placed in ``template``; "" when nothing was measured."""
     return "" if throughput is None else template % throughput.rate()
-
-
-def _parts_of(handle: StateHandle) -> list[str]:
-    """Output handles are named ``output:<part>[,<part>...]``."""
-    return [p for p in handle.name[len(OUTPUT_PREFIX) :].split(",") if p]

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from pyspark.sql import DataFrame, SparkSession
 
 from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
-from airflow_finalckpt.core.model import StateHandle
-from airflow_finalckpt.runtime.runner import OUTPUT_PREFIX, Batch, BatchOutput
+from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
+from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
 

@@ -128,6 +128,21 @@ def decode_run_id(component: str) -> str:
     return run_id
 
 
+def normalize_state_path(relpath: object) -> str | None:
+    """A path some record names, without surrounding blanks, trailing '/' or leading './';
+    None when it is not a safe state path (the caller reports or ignores it)."""
+    if not isinstance(relpath, str):
+        return None
+    path = relpath.strip().rstrip("/")
+    while path.startswith("./"):
+        path = path[2:]
+    try:
+        validate_state_path(path)
+    except UnsafePathError:
+        return None
+    return path
+
+
 def validate_state_path(relpath: str) -> tuple[str, ...]:
     """Split a state file path relative to a pipeline directory into checked components."""
     if not isinstance(relpath, str) or not relpath:

@@ -42,9 +42,15 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from airflow_finalckpt.core.errors import StorageError, UnsafePathError
-from airflow_finalckpt.core.model import CheckpointKind, CheckpointRecord, StateHandle
+from airflow_finalckpt.core.model import (
+    OUTPUT_PREFIX,
+    CheckpointKind,
+    CheckpointRecord,
+    StateHandle,
+    output_parts,
+)
 from airflow_finalckpt.storage.atomic import TEMP_MARKER, atomic_write
-from airflow_finalckpt.storage.paths import METADATA_FILE_NAME, validate_state_path
+from airflow_finalckpt.storage.paths import METADATA_FILE_NAME, normalize_state_path
 
 if TYPE_CHECKING:
     from airflow_finalckpt.storage.checkpoint_storage import CheckpointStorage
@@ -55,8 +61,6 @@ FILES_MANIFEST = "_files.json"
 FILES_DIR = "files"
 MANIFEST_FORMAT = "airflow-finalckpt/savepoint-files"
 MANIFEST_VERSION = 1
-#: Same convention as the stage runtime's output handles (runtime.runner.OUTPUT_PREFIX).
-_OUTPUT_PREFIX = "output:"
 _CHUNK = 1 << 20
 
 #: Savepoints travel; periodic checkpoints stay cheap, and a drained savepoint cannot be
@@ -71,23 +75,10 @@ def is_self_contained_kind(record: CheckpointRecord) -> bool:
 # -- what a record references -----------------------------------------------------------------
 
 
-def _clean(relpath: object) -> str | None:
-    if not isinstance(relpath, str):
-        return None
-    path = relpath.strip().rstrip("/")
-    while path.startswith("./"):
-        path = path[2:]
-    try:
-        validate_state_path(path)
-    except UnsafePathError:
-        return None
-    return path
-
-
 def _handle_refs(handle: StateHandle) -> list[str]:
     refs = [handle.path]
-    if handle.name.startswith(_OUTPUT_PREFIX):
-        refs += [p for p in handle.name[len(_OUTPUT_PREFIX) :].split(",") if p]
+    if handle.name.startswith(OUTPUT_PREFIX):
+        refs += output_parts(handle)
     elif handle.path.endswith(".json"):
         refs.append(handle.path[: -len(".json")])  # the data directory beside its handle
     return refs
@@ -98,9 +89,9 @@ def referenced_paths(record: CheckpointRecord) -> list[str]:
     found: set[str] = set()
     for stage in record.stages.values():
         for handle in stage.state:
-            found.update(p for p in map(_clean, _handle_refs(handle)) if p)
+            found.update(p for p in map(normalize_state_path, _handle_refs(handle)) if p)
         if stage.end_of_data is not None:
-            found.update(p for p in map(_clean, stage.end_of_data.manifest) if p)
+            found.update(p for p in map(normalize_state_path, stage.end_of_data.manifest) if p)
     return sorted(found)
 
 
@@ -109,13 +100,13 @@ def _doc_paths(fs: AbstractFileSystem, base: str, record: CheckpointRecord) -> l
     found: list[str] = []
     for stage in record.stages.values():
         for handle in stage.state:
-            if handle.name.startswith(_OUTPUT_PREFIX) or not handle.path.endswith(".json"):
+            if handle.name.startswith(OUTPUT_PREFIX) or not handle.path.endswith(".json"):
                 continue
             try:
                 doc = json.loads(bytes(fs.cat_file(f"{base}/{handle.path}")))
             except (OSError, ValueError):
                 continue  # a missing handle file is reported by its own entry
-            path = _clean(doc.get("path")) if isinstance(doc, dict) else None
+            path = normalize_state_path(doc.get("path")) if isinstance(doc, dict) else None
             if path:
                 found.append(path)
     return found
@@ -279,7 +270,7 @@ def materialize(storage: CheckpointStorage, record: CheckpointRecord, source: st
     copied = 0
     for rel in sorted(files):
         entry = files[rel]
-        clean = _clean(rel)
+        clean = normalize_state_path(rel)
         if clean is None or clean != rel:
             raise StorageError(f"the file list {where}/{FILES_MANIFEST} names unsafe path {rel!r}")
         target = f"{base}/{rel}"
