@@ -76,14 +76,3 @@ def assign_splits(splits: Sequence[str], parallelism: int) -> list[list[str]]:
         groups.append(ordered[start : start + size])
         start += size
     return groups
-
-
-def batches(splits: Sequence[str], batch_size: int) -> list[list[str]]:
-    """Cut ``splits`` into consecutive batches of ``batch_size`` (the last may be shorter).
-
-    A stage answers checkpoint triggers between batches, so the batch size bounds how long a
-    trigger waits and how much work a crash can lose.
-    """
-    batch_size = _check_positive(batch_size, "batch_size")
-    ordered = _check_split_ids(splits, "splits")
-    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]

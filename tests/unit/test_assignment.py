@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_finalckpt.core.assignment import assign_splits, batches, remaining_splits
+from airflow_finalckpt.core.assignment import assign_splits, remaining_splits
+from airflow_finalckpt.core.batching import policy_from
+from airflow_finalckpt.runtime.runner import BatchSizer
 
 SPLITS = [f"part-{i:03d}" for i in range(10)]
 
@@ -110,20 +112,29 @@ def test_assign_splits_properties(splits: list[str], parallelism: int) -> None:
     assert groups == assign_splits(list(splits), parallelism)
 
 
-# -- batches ----------------------------------------------------------------------------------
+# -- fixed batches (batch_size=N, cut by the runtime's BatchSizer) ----------------------------
 
 
-def test_batches_chunks_in_order_with_a_short_last_batch() -> None:
-    assert batches(SPLITS, 4) == [SPLITS[0:4], SPLITS[4:8], SPLITS[8:10]]
-    assert batches(SPLITS, 10) == [SPLITS]
-    assert batches(SPLITS, 100) == [SPLITS]
-    assert batches([], 3) == []
+def _cut(splits: list[str], size: int) -> list[list[str]]:
+    sizer = BatchSizer(policy_from(size))
+    chunks, pending = [], list(splits)
+    while pending:
+        chunks.append(pending[: sizer.next_size(pending)])
+        pending = pending[len(chunks[-1]) :]
+    return chunks
 
 
-@pytest.mark.parametrize("size", [0, -5, 2.0, None])
-def test_batches_refuses_bad_batch_size(size: object) -> None:
+def test_fixed_batches_chunk_in_order_with_a_short_last_batch() -> None:
+    assert _cut(SPLITS, 4) == [SPLITS[0:4], SPLITS[4:8], SPLITS[8:10]]
+    assert _cut(SPLITS, 10) == [SPLITS]
+    assert _cut(SPLITS, 100) == [SPLITS]
+    assert _cut([], 3) == []
+
+
+@pytest.mark.parametrize("size", [0, -5, 2.0, "3"])
+def test_fixed_batches_refuse_a_bad_batch_size(size: object) -> None:
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
-        batches(SPLITS, size)  # type: ignore[arg-type]
+        policy_from(size)  # type: ignore[arg-type]
 
 
 @settings(max_examples=200, deadline=None)
@@ -131,8 +142,8 @@ def test_batches_refuses_bad_batch_size(size: object) -> None:
     splits=st.lists(st.text(min_size=1, max_size=4), unique=True, max_size=50),
     size=st.integers(min_value=1, max_value=12),
 )
-def test_batches_properties(splits: list[str], size: int) -> None:
-    chunks = batches(splits, size)
+def test_fixed_batches_properties(splits: list[str], size: int) -> None:
+    chunks = _cut(splits, size)
     assert [s for chunk in chunks for s in chunk] == splits
     assert all(1 <= len(chunk) <= size for chunk in chunks)
     assert all(len(chunk) == size for chunk in chunks[:-1])
