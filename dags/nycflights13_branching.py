@@ -22,25 +22,7 @@ Environment knobs (all optional):
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from airflow_finalckpt.examples.nycflights13.branching import build_branching_dag
+from airflow_finalckpt.examples.nycflights13.dag import env_settings
 
-HOME = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "finalckpt"
-OUTPUT = os.environ.get("FINALCKPT_EXAMPLE_OUTPUT", str(HOME / "output"))
-
-dag = build_branching_dag(
-    "nycflights13_branching",
-    input_dir=os.environ.get("FINALCKPT_EXAMPLE_INPUT", str(HOME / "input")),
-    output_dir=OUTPUT,
-    sql_url=os.environ.get("FINALCKPT_EXAMPLE_SQL_URL"),
-    days=int(os.environ.get("FINALCKPT_EXAMPLE_DAYS", "365")),
-    retries=int(os.environ.get("FINALCKPT_EXAMPLE_RETRIES", "2")),
-    # read when the task runs: tests change them between DAG runs
-    ingest_delay_s=lambda: float(os.environ.get("FINALCKPT_EXAMPLE_INGEST_DELAY_S", "0")),
-    enrich_delay_s=lambda: float(os.environ.get("FINALCKPT_EXAMPLE_BATCH_DELAY_S", "0")),
-    crash=lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH"),
-    crash_hard=lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH_HARD") == "1",
-    doc_md=__doc__,
-)
+dag = build_branching_dag("nycflights13_branching", doc_md=__doc__, **env_settings())

@@ -27,16 +27,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow.sdk import DAG, Asset, task
+from airflow.sdk import DAG, Asset
 
 from airflow_finalckpt.decorators import finalckpt_stage
 from airflow_finalckpt.examples.nycflights13 import stages, transforms
-from airflow_finalckpt.examples.nycflights13.dag import Knob, _value
-from airflow_finalckpt.examples.nycflights13.data import first_days, open_layout, prepare_inputs
+from airflow_finalckpt.examples.nycflights13.dag import (
+    Knob,
+    _value,
+    example_dag,
+    prepare_input_task,
+)
+from airflow_finalckpt.examples.nycflights13.data import open_layout
 from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
 
 if TYPE_CHECKING:
@@ -120,21 +123,8 @@ def build_branching_dag(
     sizes = dict(batch_sizes or {})
     conf = dict(spark_conf or {})
     enrich_logic = enrich_transform(input_dir)
-    with DAG(
-        dag_id=dag_id,
-        schedule=None,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        default_args={"retries": retries, "retry_delay": timedelta(seconds=2)},
-        tags=["finalckpt", "example"],
-        doc_md=doc_md or __doc__,
-    ) as dag:
-
-        @task
-        def prepare_input() -> list[str]:
-            """Write one Parquet file per day and the dimension files (idempotent)."""
-            Path(output_dir).mkdir(parents=True, exist_ok=True)
-            return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
+    with example_dag(dag_id, retries, doc_md or __doc__) as dag:
+        prepare_input = prepare_input_task(input_dir, output_dir, days)
 
         @finalckpt_stage(
             spark_conf=conf,
@@ -196,7 +186,7 @@ def build_branching_dag(
             return carrier_daily_transform(ctx)
 
         enriched = enrich()
-        prepare_input() >> [ingest(), weather()] >> enriched
+        prepare_input >> [ingest(), weather()] >> enriched
         enriched >> delay_windows() >> publish()
         enriched >> carrier_daily()
     return dag

@@ -8,11 +8,12 @@ planes, weather) -> delay_windows (hourly event-time windows per origin airport)
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from airflow.sdk import DAG, Asset, task
 
@@ -34,6 +35,48 @@ Knob: TypeAlias = T | Callable[[], T]
 
 def _value(knob: Knob[T]) -> T:
     return knob() if callable(knob) else knob
+
+
+def env_settings() -> dict[str, Any]:
+    """The example DAG files' arguments from ``FINALCKPT_EXAMPLE_*`` (see their docstrings);
+    the test knobs are read when a task runs, so tests can change them between DAG runs."""
+    home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "finalckpt"
+    return {
+        "input_dir": os.environ.get("FINALCKPT_EXAMPLE_INPUT", str(home / "input")),
+        "output_dir": os.environ.get("FINALCKPT_EXAMPLE_OUTPUT", str(home / "output")),
+        "sql_url": os.environ.get("FINALCKPT_EXAMPLE_SQL_URL"),
+        "days": int(os.environ.get("FINALCKPT_EXAMPLE_DAYS", "365")),
+        "retries": int(os.environ.get("FINALCKPT_EXAMPLE_RETRIES", "2")),
+        "ingest_delay_s": lambda: float(os.environ.get("FINALCKPT_EXAMPLE_INGEST_DELAY_S", "0")),
+        "enrich_delay_s": lambda: float(os.environ.get("FINALCKPT_EXAMPLE_BATCH_DELAY_S", "0")),
+        "crash": lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH"),
+        "crash_hard": lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH_HARD") == "1",
+    }
+
+
+def example_dag(dag_id: str, retries: int, doc_md: str | None) -> DAG:
+    """The DAG both example pipelines are built in (manual runs, short retry delay)."""
+    return DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": retries, "retry_delay": timedelta(seconds=2)},
+        tags=["finalckpt", "example"],
+        doc_md=doc_md,
+    )
+
+
+def prepare_input_task(input_dir: str, output_dir: str, days: int) -> Any:
+    """The ``prepare_input`` task of both example DAGs, returning the day split ids."""
+
+    @task
+    def prepare_input() -> list[str]:
+        """Write one Parquet file per day and the dimension files (idempotent)."""
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
+
+    return prepare_input()
 
 
 def build_dag(
@@ -67,21 +110,8 @@ def build_dag(
     """
     sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
     sizes = dict(batch_sizes or {})
-    with DAG(
-        dag_id=dag_id,
-        schedule=None,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        default_args={"retries": retries, "retry_delay": timedelta(seconds=2)},
-        tags=["finalckpt", "example"],
-        doc_md=doc_md or __doc__,
-    ) as dag:
-
-        @task
-        def prepare_input() -> list[str]:
-            """Write one Parquet file per day (idempotent): the splits of ``ingest``."""
-            Path(output_dir).mkdir(parents=True, exist_ok=True)
-            return list(prepare_inputs(input_dir, days=first_days(days)).split_ids)
+    with example_dag(dag_id, retries, doc_md or __doc__) as dag:
+        prepare_input = prepare_input_task(input_dir, output_dir, days)
 
         @finalckpt_stage(
             splits=lambda: open_layout(input_dir).split_ids,
@@ -119,5 +149,5 @@ def build_dag(
         def publish(ctx: BatchContext) -> DataFrame | None:
             return stages.publish_transform(ctx)
 
-        prepare_input() >> ingest() >> enrich() >> delay_windows() >> publish()
+        prepare_input >> ingest() >> enrich() >> delay_windows() >> publish()
     return dag
