@@ -30,6 +30,7 @@ from airflow_finalckpt.sinks.staged import (
     StagedTableSink,
     backoff,
     first_line,
+    micros_timestamps,
     optional_schema,
 )
 
@@ -146,15 +147,9 @@ class DeltaTableSink(StagedTableSink):
         return df
 
     def _prepare_arrow(self, table: pyarrow.Table) -> pyarrow.Table:
-        import pyarrow as pa
         from deltalake import Schema
 
-        fields = []
-        for field in table.schema:
-            if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
-                field = field.with_type(pa.timestamp("us", tz=field.type.tz))
-            fields.append(field)
-        table = table.cast(pa.schema(fields), safe=False)  # Delta keeps microseconds
+        table = micros_timestamps(table)
         self._check_schema(json.loads(Schema.from_arrow(table.schema).to_json()))
         return table
 

@@ -26,6 +26,7 @@ from airflow_finalckpt.sinks.staged import (
     StagedTableSink,
     backoff,
     first_line,
+    micros_timestamps,
     optional_schema,
 )
 
@@ -261,12 +262,7 @@ class IcebergTableSink(StagedTableSink):
     def _prepare_arrow(self, table: pyarrow.Table) -> pyarrow.Table:
         import pyarrow as pa
 
-        fields = []
-        for field in table.schema:
-            if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
-                field = field.with_type(pa.timestamp("us", tz=field.type.tz))
-            fields.append(field)
-        table = table.cast(pa.schema(fields), safe=False)  # Iceberg keeps microseconds
+        table = micros_timestamps(table)
         ids = self._flat_ids(self._checked_table(table.schema))
         if ids is None:
             return table

@@ -94,6 +94,20 @@ def _optional(kind: pyarrow.DataType) -> pyarrow.DataType:
     return kind
 
 
+def micros_timestamps(table: pyarrow.Table) -> pyarrow.Table:
+    """``table`` with nanosecond timestamps cast to microseconds, the unit Iceberg and Delta
+    keep (pandas writes nanoseconds)."""
+    import pyarrow as pa
+
+    fields = [
+        field.with_type(pa.timestamp("us", tz=field.type.tz))
+        if pa.types.is_timestamp(field.type) and field.type.unit == "ns"
+        else field
+        for field in table.schema
+    ]
+    return table.cast(pa.schema(fields), safe=False)
+
+
 def optional_schema(schema: pyarrow.Schema) -> pyarrow.Schema:
     """Every field optional, nested ones too: Spark's nullability follows the query plan, so a
     table created from the first batch must accept the nulls of the next one."""
