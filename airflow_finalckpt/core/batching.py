@@ -61,14 +61,18 @@ class BatchPolicy:
         return f"batches of {self.fixed}" if self.fixed else f"auto batches of ~{self.target_s:g}s"
 
 
-def policy_from(batch_size: int | str | None, target_batch_s: float | None = None) -> BatchPolicy:
+def policy_from(
+    batch_size: int | str | None,
+    target_batch_s: float | None = None,
+    max_splits: int = DEFAULT_MAX_BATCH_SPLITS,
+) -> BatchPolicy:
     """The policy of a stage argument: ``"auto"`` / None (adaptive) or a positive int."""
     target = DEFAULT_TARGET_BATCH_S if target_batch_s is None else target_batch_s
     if batch_size is None or batch_size == "auto":
-        return BatchPolicy(target_s=target)
+        return BatchPolicy(target_s=target, max_splits=max_splits)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         raise ValueError(f"batch_size must be an integer >= 1 or 'auto', got {batch_size!r}")
-    return BatchPolicy(target_s=target, fixed=batch_size)
+    return BatchPolicy(target_s=target, fixed=batch_size, max_splits=max_splits)
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,7 @@ class StageSpec:
 
     @property
     def policy(self) -> BatchPolicy:
-        base = policy_from(self.batch_size, self.target_batch_s)
-        return BatchPolicy(base.target_s, base.fixed, max_splits=self.max_batch_splits)
+        return policy_from(self.batch_size, self.target_batch_s, self.max_batch_splits)
 
 
 @dataclass(frozen=True)

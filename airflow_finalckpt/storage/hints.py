@@ -36,8 +36,7 @@ class StorageThroughputHints:
 
     def load(self, stage_id: str) -> Throughput | None:
         try:
-            data = self.storage.read_hint(self.scope, stage_id)
-            return None if data is None else Throughput.from_dict(json.loads(data))
+            return _parse(self.storage.read_hint(self.scope, stage_id))
         except (FinalCheckpointError, ValueError) as exc:
             log.warning("ignoring the batch throughput hint of stage %s: %s", stage_id, exc)
             return None
@@ -59,7 +58,10 @@ def read_batch_throughput(
 ) -> Throughput | None:
     """The latest measured batch throughput of a pipeline's stage (None: none recorded)."""
     try:
-        data = storage.read_file(pipeline_key, f"{BATCHES_DIR}/{stage_id}.json")
-        return None if data is None else Throughput.from_dict(json.loads(data))
+        return _parse(storage.read_file(pipeline_key, f"{BATCHES_DIR}/{stage_id}.json"))
     except (FinalCheckpointError, ValueError):
         return None
+
+
+def _parse(data: bytes | None) -> Throughput | None:
+    return None if data is None else Throughput.from_dict(json.loads(data))
