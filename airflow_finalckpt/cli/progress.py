@@ -164,14 +164,16 @@ def _batch_text(stage: Mapping[str, Any]) -> str:
     return str(doc["summary"]) if doc else ""
 
 
-def _storage_or_none(store_url: str | None) -> CheckpointStorage | None:
-    """The checkpoint storage from the settings; None when they cannot be read (progress still
-    shows splits, without batch throughput)."""
-    try:
-        from airflow_finalckpt.config import load_settings
+def _storage_or_none() -> CheckpointStorage | None:
+    """The checkpoint storage from the two settings it needs (not every setting: the command
+    stays quick); None when they cannot be read (progress still shows splits, without batch
+    throughput)."""
+    from airflow_finalckpt.config import resolve_setting
 
-        settings = load_settings({"store_url": store_url} if store_url else None)
-        return CheckpointStorage(settings.storage_uri, settings.storage_options)
+    try:
+        uri, _ = resolve_setting("storage_uri")
+        options, _ = resolve_setting("storage_options")
+        return CheckpointStorage(str(uri), options)
     except Exception:
         return None
 
@@ -338,7 +340,7 @@ def progress(
     """Show every stage's progress: splits, lifecycle and latest checkpoint."""
     with _errors(store_url):
         coordinator = _coordinator(store_url, pipeline)
-        storage = _storage_or_none(store_url)
+        storage = _storage_or_none()
         doc = progress_document(coordinator, storage)
     if not watch:
         _emit(doc, as_json)
@@ -420,7 +422,6 @@ def gc(
     """
     from airflow_finalckpt.config import load_settings
     from airflow_finalckpt.runtime.gc import DEFAULT_GRACE_S, collect_garbage
-    from airflow_finalckpt.storage import CheckpointStorage
 
     with _errors(store_url):
         settings = load_settings({"store_url": store_url} if store_url else None)
