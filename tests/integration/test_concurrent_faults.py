@@ -145,15 +145,30 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
         raise AssertionError("x and z did not finish while y stalled")
 
     gate.passed = False  # type: ignore[attr-defined]
+
+    def after_y_started(point: str) -> None:
+        """x and z start their first batch only once y runs: a stage that has not started is
+        not asked to acknowledge, so a late y (thread scheduling under load) would let x's and
+        z's final checkpoints complete without it and the scenario would not happen."""
+        if point != "before-batch" or after_y_started.seen:  # type: ignore[attr-defined]
+            return
+        deadline = time.monotonic() + 30
+        while probe.stages()["y"].lifecycle is StageLifecycle.NOT_STARTED:
+            if time.monotonic() > deadline:
+                raise AssertionError("y did not start")
+            time.sleep(0.02)
+        after_y_started.seen = True  # type: ignore[attr-defined]
+
+    after_y_started.seen = False  # type: ignore[attr-defined]
     injector = FaultInjector((FaultSpec("metadata-before-write", Action.EIO, stage="y"),))
     injector.stage = "y"
     faulty = FaultyStorage(setup.storage_root, injector)
     errors: list[BaseException] = []
     _threads(
         [
-            lambda: _run_stage(setup, shape, "x", errors=errors),
+            lambda: _run_stage(setup, shape, "x", fault=after_y_started, errors=errors),
             lambda: _run_stage(setup, shape, "y", storage=faulty, fault=gate, errors=errors),
-            lambda: _run_stage(setup, shape, "z", errors=errors),
+            lambda: _run_stage(setup, shape, "z", fault=after_y_started, errors=errors),
         ]
     )
     assert errors == [] and len(injector.fired) == 1
