@@ -4,18 +4,24 @@ Layout under the table root (names starting with ``_`` or ``.`` are hidden from 
 
 - ``_staging/<txn_id>/``: a transaction's data while it is open or pre-committed; pre-commit
   seals it with ``_manifest.json`` (the data files, their sizes and row counts).
-- ``txn-<txn_id>/`` (commit mode ``rename``): a committed transaction. Commit is one rename of the
-  staging directory, so the published directory is complete or absent, and its existence is the
-  commit record. Atomic on local filesystems and HDFS.
-- ``_commits/<txn_id>.json`` (commit mode ``manifest``, for object stores without atomic rename):
-  the commit record, created once, listing the files that stay in ``_staging/<txn_id>/``. Only
-  the reader helpers of this class see manifest-committed data.
+- ``txn-<txn_id>/``: a committed transaction, plain Parquet files that any directory reader
+  (Spark, pyarrow, DuckDB, pandas) sees. ``txn-<txn_id>/_manifest.json`` is the commit record.
+  - commit mode ``rename`` (local filesystems, HDFS): one rename of the sealed staging directory,
+    manifest included, so the published directory is complete or absent. Atomic.
+  - commit mode ``copy`` (object stores, ``memory://``): the manifest's data files are copied
+    (server side) into ``txn-<txn_id>/``, then the manifest is written there (one PUT: the commit
+    point), then the staging directory is deleted. A replay copies what is missing.
+- ``_commits/<txn_id>.json``: the commit record of the old ``manifest`` mode, whose data stayed
+  in ``_staging/<txn_id>/``. Still read; the first commit of a new sink object on the table moves
+  such transactions to ``txn-<txn_id>/`` (migration).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,13 +46,17 @@ if TYPE_CHECKING:
     import pyarrow
     import pyspark.sql
 
-CommitMode = Literal["auto", "rename", "manifest"]
+CommitMode = Literal["auto", "rename", "copy", "manifest"]
+ResolvedMode = Literal["rename", "copy"]
 
 STAGING_DIR = "_staging"
 COMMITS_DIR = "_commits"
 PUBLISHED_PREFIX = "txn-"
 MANIFEST_NAME = "_manifest.json"
 MANIFEST_FORMAT = 1
+
+#: Format of a published ``txn-<id>/_manifest.json`` written by a copy commit or a migration.
+PUBLISHED_FORMAT = MANIFEST_FORMAT
 
 #: Filesystems whose directory rename is atomic: ``auto`` commits by rename on these only.
 ATOMIC_RENAME_PROTOCOLS = frozenset({"file", "local", "hdfs", "viewfs"})
@@ -70,8 +80,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
     """Two-phase-commit sink writing Parquet files into ``table_uri``.
 
     ``commit_mode`` ``auto`` commits by atomic directory rename on local filesystems and HDFS and
-    by commit manifest elsewhere (S3, GCS, memory...). Pass ``rename`` only if the filesystem's
-    directory rename is atomic.
+    by copying the files (server side) then writing the manifest elsewhere (S3, GCS, memory...).
+    Pass ``rename`` only if the filesystem's directory rename is atomic. ``manifest``, the old
+    mode that left committed data in the hidden staging folder, is accepted as ``copy``.
     """
 
     def __init__(
@@ -92,23 +103,27 @@ class ParquetTableSink(TwoPhaseCommitSink):
         self._local = isinstance(fs, LocalFileSystem)
         #: The URI given to Spark; local paths are made absolute so Spark and fsspec agree.
         self.table_uri = root if self._local else table_uri.rstrip("/")
-        self.commit_mode: Literal["rename", "manifest"] = self._resolve_mode(commit_mode)
+        self.commit_mode: ResolvedMode = self._resolve_mode(commit_mode)
+        self._legacy_checked = False
 
     @property
     def asset_uri(self) -> str:
         """``file:///<table>`` locally, the table URI (``s3://``, ``gs://``...) elsewhere."""
         return f"file://{self.table_uri}" if self._local else self.table_uri
 
-    def _resolve_mode(self, requested: CommitMode) -> Literal["rename", "manifest"]:
-        if requested not in ("auto", "rename", "manifest"):
+    def _resolve_mode(self, requested: CommitMode) -> ResolvedMode:
+        if requested not in ("auto", "rename", "copy", "manifest"):
             raise ConfigurationError(
-                f"commit_mode {requested!r} is not one of 'auto', 'rename', 'manifest'"
+                f"commit_mode {requested!r} is not one of 'auto', 'rename', 'copy' "
+                "('manifest' is the old name of 'copy')"
             )
-        if requested != "auto":
-            return requested
+        if requested == "rename":
+            return "rename"
+        if requested in ("copy", "manifest"):
+            return "copy"
         protocols = self._fs.protocol
         names = {protocols} if isinstance(protocols, str) else set(protocols)
-        return "rename" if names & ATOMIC_RENAME_PROTOCOLS else "manifest"
+        return "rename" if names & ATOMIC_RENAME_PROTOCOLS else "copy"
 
     # -- paths -------------------------------------------------------------------------------
 
@@ -124,7 +139,11 @@ class ParquetTableSink(TwoPhaseCommitSink):
     def _published_path(self, txn_id: str) -> str:
         return self._path(PUBLISHED_PREFIX + txn_id)
 
-    def _commit_record_path(self, txn_id: str) -> str:
+    def _published_manifest_path(self, txn_id: str) -> str:
+        return self._path(PUBLISHED_PREFIX + txn_id, MANIFEST_NAME)
+
+    def _legacy_record_path(self, txn_id: str) -> str:
+        """The commit record of the old ``manifest`` mode (data left in ``_staging``)."""
         return self._path(COMMITS_DIR, f"{txn_id}.json")
 
     def staging_location(self, txn_id: str) -> str:
@@ -325,24 +344,32 @@ class ParquetTableSink(TwoPhaseCommitSink):
             _fsync(directory, directory=True)
 
     def commit(self, txn: SinkTransaction) -> bool:
-        """Publish a pre-committed transaction exactly once; False if it already was."""
+        """Publish a pre-committed transaction exactly once; False if it already was.
+
+        The first commit of a sink object also moves transactions committed by the old
+        ``manifest`` mode out of the hidden staging folder (see ``migrate_legacy``).
+        """
         txn_id = self._check_owned(txn)
         self._require_checkpoint(txn)
+        if not self._legacy_checked:
+            self.migrate_legacy()
         if self.is_committed(txn_id):
+            self._drop_committed_staging(txn_id)
             return False
         try:
             manifest = self._read_json(self._path(STAGING_DIR, txn_id, MANIFEST_NAME))
         except FileNotFoundError:
-            if self.is_committed(txn_id):  # another committer renamed it meanwhile
+            if self.is_committed(txn_id):  # another committer published it meanwhile
                 return False
             raise NotPrecommittedError(
                 f"sink {self.sink_id!r}: transaction {txn_id!r} has no pre-committed data to "
                 "commit: it was never pre-committed or it was aborted"
             ) from None
         self._check_matches_precommit(txn, manifest)
-        if self.commit_mode == "rename":
+        if self.commit_mode == "rename" and not self._exists(self._published_path(txn_id)):
             return self._commit_by_rename(txn_id)
-        return self._commit_by_manifest(txn_id, manifest)
+        # Copy mode, or a rename-mode table holding a copy commit interrupted by a crash.
+        return self._commit_by_copy(txn_id, manifest)
 
     def _check_matches_precommit(self, txn: SinkTransaction, manifest: dict[str, Any]) -> None:
         expected = txn.payload.get("files")
@@ -372,50 +399,176 @@ class ParquetTableSink(TwoPhaseCommitSink):
             _fsync(self._path(STAGING_DIR), directory=True)
         return True
 
-    def _commit_by_manifest(self, txn_id: str, manifest: dict[str, Any]) -> bool:
-        record = {
-            "format": MANIFEST_FORMAT,
-            "sink_id": self.sink_id,
-            "txn_id": txn_id,
-            "checkpoint_id": manifest["checkpoint_id"],
-            "files": [f"{STAGING_DIR}/{txn_id}/{entry['path']}" for entry in manifest["files"]],
-            "rows": manifest["rows"],
-            "committed_at": time.time(),
-        }
-        data = json.dumps(record, sort_keys=True).encode()
-        return self._create_exclusively(self._commit_record_path(txn_id), data)
+    def _copy_files(self, sources: list[str], targets: list[str]) -> None:
+        """Copy (server side on object stores) every source whose target is missing or differs
+        in size (a half-written copy of a crashed commit); fsync them on local disks."""
+        todo_sources, todo_targets = [], []
+        for source, target in zip(sources, targets, strict=True):
+            self._fs.invalidate_cache(target)
+            try:
+                same = int(self._fs.size(target)) == int(self._fs.size(source))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                todo_sources.append(source)
+                todo_targets.append(target)
+        if todo_sources:
+            directories = {target.rsplit("/", 1)[0] for target in todo_targets}
+            for directory in sorted(directories):
+                self._fs.makedirs(directory, exist_ok=True)
+            if self._local:
+                for source, target in zip(todo_sources, todo_targets, strict=True):
+                    # Through a hidden temporary name: a racing copier never truncates a file
+                    # another committer already published.
+                    directory, name = target.rsplit("/", 1)
+                    temporary = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
+                    shutil.copyfile(source, temporary)
+                    os.replace(temporary, target)
+            else:
+                self._fs.copy(todo_sources, todo_targets)
+        if self._local:
+            for target in targets:
+                _fsync(target)
+            for directory in {target.rsplit("/", 1)[0] for target in targets}:
+                _fsync(directory, directory=True)
+
+    def _commit_by_copy(self, txn_id: str, manifest: dict[str, Any]) -> bool:
+        """Copy the sealed files into ``txn-<id>/``, then write the manifest there (the commit
+        point, one PUT), then drop the staging directory. Every step can be replayed."""
+        staging, published = self._staging_path(txn_id), self._published_path(txn_id)
+        relative = [entry["path"] for entry in manifest["files"]]
+        try:
+            self._copy_files(
+                [f"{staging}/{path}" for path in relative],
+                [f"{published}/{path}" for path in relative],
+            )
+        except FileNotFoundError:
+            if self.is_committed(txn_id):  # a racing committer published it and cleaned up
+                return False
+            raise
+        record = {**manifest, "commit_mode": "copy", "committed_at": time.time()}
+        created = self._create_exclusively(
+            self._published_manifest_path(txn_id), json.dumps(record, sort_keys=True).encode()
+        )
+        self._drop_committed_staging(txn_id)
+        return created
+
+    def _drop_committed_staging(self, txn_id: str) -> None:
+        """Delete what a copy commit left in ``_staging`` (a crash may leave it), but never the
+        data of a transaction committed by the old manifest mode: its rows live there."""
+        staging = self._staging_path(txn_id)
+        if self._exists(self._legacy_record_path(txn_id)) or not self._exists(staging):
+            return
+        if self._exists(self._published_manifest_path(txn_id)):
+            with contextlib.suppress(FileNotFoundError):  # a racing committer removed it first
+                self._fs.rm(staging, recursive=True)
+
+    def migrate_legacy(self) -> list[str]:
+        """Move every transaction committed by the old ``manifest`` mode (rows left in
+        ``_staging/<id>/``, record in ``_commits/<id>.json``) to ``txn-<id>/``; return their ids.
+
+        Per transaction: copy the files, write ``txn-<id>/_manifest.json``, then delete the old
+        record and the staging folder. A transaction is committed throughout (by one record or
+        the other), readers of the manifests see its rows once, and a crash is finished by the
+        next call. Runs on the first ``commit`` of each sink object.
+        """
+        migrated = []
+        for name in sorted(self._list_names(self._path(COMMITS_DIR))):
+            txn_id = name[: -len(".json")]
+            if name.startswith("_tmp-") or not name.endswith(".json"):
+                continue
+            if not SAFE_IDENTIFIER.fullmatch(txn_id):
+                continue
+            record = self._read_json(self._legacy_record_path(txn_id))
+            prefix = f"{STAGING_DIR}/{txn_id}/"
+            relative = [path[len(prefix) :] for path in record["files"] if path.startswith(prefix)]
+            if len(relative) != len(record["files"]):
+                raise SinkError(
+                    f"sink {self.sink_id!r}: commit record of {txn_id!r} lists files outside "
+                    f"{prefix}; not migrating it"
+                )
+            published = self._published_path(txn_id)
+            if not self._exists(self._published_manifest_path(txn_id)):
+                staging = self._staging_path(txn_id)
+                self._copy_files(
+                    [f"{staging}/{path}" for path in relative],
+                    [f"{published}/{path}" for path in relative],
+                )
+                files = [
+                    {
+                        "path": path,
+                        "size": int(self._fs.size(f"{published}/{path}")),
+                        "rows": self._row_count(f"{published}/{path}"),
+                    }
+                    for path in relative
+                ]
+                document = {
+                    "format": PUBLISHED_FORMAT,
+                    "sink_id": record.get("sink_id", self.sink_id),
+                    "txn_id": txn_id,
+                    "checkpoint_id": record.get("checkpoint_id"),
+                    "files": files,
+                    "rows": sum(entry["rows"] for entry in files),
+                    "commit_mode": "migrated",
+                    "committed_at": record.get("committed_at"),
+                    "migrated_at": time.time(),
+                }
+                self._create_exclusively(
+                    self._published_manifest_path(txn_id),
+                    json.dumps(document, sort_keys=True).encode(),
+                )
+            self._fs.rm(self._legacy_record_path(txn_id))
+            self._drop_committed_staging(txn_id)
+            migrated.append(txn_id)
+        self._legacy_checked = True
+        return migrated
 
     def abort(self, txn: SinkTransaction) -> None:
         """Delete the staged data; the manifest goes first so a half-deleted transaction can
-        never be committed."""
+        never be committed. Also deletes files an interrupted copy left in ``txn-<id>/`` (no
+        manifest there: never committed)."""
         txn_id = self._check_owned(txn)
         if self.is_committed(txn_id):
             raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
         staging = self._staging_path(txn_id)
-        if not self._exists(staging):
-            return
-        manifest_path = f"{staging}/{MANIFEST_NAME}"
-        if self._exists(manifest_path):
-            self._fs.rm(manifest_path)
-        self._fs.rm(staging, recursive=True)
+        if self._exists(staging):
+            manifest_path = f"{staging}/{MANIFEST_NAME}"
+            if self._exists(manifest_path):
+                self._fs.rm(manifest_path)
+            self._fs.rm(staging, recursive=True)
+        published = self._published_path(txn_id)
+        if self._exists(published):
+            self._fs.rm(published, recursive=True)
 
     # -- state -------------------------------------------------------------------------------
 
     def is_committed(self, txn_id: str) -> bool:
-        """A published directory or a commit record exists (either mode: the table may have
-        been written with the other one)."""
+        """``txn-<id>/_manifest.json`` exists (rename moves it there with the data; a copy
+        commit writes it last), or an old-mode ``_commits/<id>.json`` record does."""
         txn_id = self._check_txn_id(txn_id)
-        if self._exists(self._published_path(txn_id)):
+        if self._exists(self._published_manifest_path(txn_id)):
             return True
-        return self._exists(self._commit_record_path(txn_id))
+        return self._exists(self._legacy_record_path(txn_id))
+
+    def _published_dirs(self) -> dict[str, bool]:
+        """``txn-<id>`` directories -> whether they hold their manifest (are committed)."""
+        self._fs.invalidate_cache(self._root)
+        found: dict[str, bool] = {}
+        if not self._fs.exists(self._root):
+            return found
+        for path in self._fs.find(self._root, maxdepth=2, withdirs=True, detail=False):
+            relative = self._fs._strip_protocol(path)[len(self._root) + 1 :].split("/")
+            if not relative[0].startswith(PUBLISHED_PREFIX):
+                continue
+            txn_id = relative[0][len(PUBLISHED_PREFIX) :]
+            if not SAFE_IDENTIFIER.fullmatch(txn_id):
+                continue
+            found[txn_id] = found.get(txn_id, False) or relative[1:] == [MANIFEST_NAME]
+        return found
 
     def committed_txn_ids(self) -> set[str]:
-        """Ids of published directories and commit records."""
-        committed = {
-            name[len(PUBLISHED_PREFIX) :]
-            for name in self._list_names(self._root)
-            if name.startswith(PUBLISHED_PREFIX)
-        }
+        """Ids of published transactions and of old-mode commit records."""
+        committed = {txn_id for txn_id, done in self._published_dirs().items() if done}
         committed |= {
             name[: -len(".json")]
             for name in self._list_names(self._path(COMMITS_DIR))
@@ -424,25 +577,28 @@ class ParquetTableSink(TwoPhaseCommitSink):
         return {txn_id for txn_id in committed if SAFE_IDENTIFIER.fullmatch(txn_id)}
 
     def staged_txn_ids(self) -> set[str]:
-        """Staging directories of transactions that are not committed."""
+        """Uncommitted transactions with staging directories, or with files an interrupted
+        copy commit (or abort) left in ``txn-<id>/``."""
+        published = self._published_dirs()
         staged = {
             name
             for name in self._list_names(self._path(STAGING_DIR))
             if SAFE_IDENTIFIER.fullmatch(name)
         }
+        staged |= {txn_id for txn_id, done in published.items() if not done}
         return staged - self.committed_txn_ids()
 
     # -- readers -----------------------------------------------------------------------------
 
     def _committed_relative_files(self) -> Iterator[str]:
         for txn_id in sorted(self.committed_txn_ids()):
-            published = self._published_path(txn_id)
+            published = self._published_manifest_path(txn_id)
             if self._exists(published):
-                manifest = self._read_json(f"{published}/{MANIFEST_NAME}")
+                manifest = self._read_json(published)
                 for entry in manifest["files"]:
                     yield f"{PUBLISHED_PREFIX}{txn_id}/{entry['path']}"
             else:
-                record = self._read_json(self._commit_record_path(txn_id))
+                record = self._read_json(self._legacy_record_path(txn_id))
                 yield from record["files"]
 
     def committed_files(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""ParquetTableSink: exactly-once publication on real files (rename and manifest commits) and on
+"""ParquetTableSink: exactly-once publication on real files (rename and copy commits) and on
 fsspec's in-memory filesystem (an object-store stand-in without atomic rename)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ HOSTILE_IDS = [
 SinkFactory = Callable[..., ParquetTableSink]
 
 
-@pytest.fixture(params=["rename-local", "manifest-local", "manifest-memory"])
+@pytest.fixture(params=["rename-local", "copy-local", "copy-memory"])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(table URI, commit mode): local tables in both modes, and a memory:// table."""
     mode, where = request.param.split("-")
@@ -227,21 +227,25 @@ def test_rename_commit_publishes_the_whole_directory(tmp_path: Path) -> None:
     assert [p.name for p in published.glob("*.parquet")] == txn.payload["files"]
 
 
-def test_manifest_commit_writes_one_record(tmp_path: Path) -> None:
-    sink = ParquetTableSink("mani", str(tmp_path / "table"), commit_mode="manifest")
+def test_copy_commit_publishes_plain_files_and_drops_staging(tmp_path: Path) -> None:
+    sink = ParquetTableSink("copier", str(tmp_path / "table"), commit_mode="copy")
     txn = stage(sink, "t1", 1, 2, ckpt=9)
     sink.commit(txn)
 
-    record = json.loads((tmp_path / "table" / "_commits" / "t1.json").read_text())
+    published = tmp_path / "table" / "txn-t1"
+    record = json.loads((published / "_manifest.json").read_text())
     assert record["checkpoint_id"] == 9 and record["rows"] == 2
-    assert record["files"] == [f"_staging/t1/{name}" for name in txn.payload["files"]]
-    assert [p.name for p in (tmp_path / "table" / "_commits").iterdir()] == ["t1.json"]
+    assert [entry["path"] for entry in record["files"]] == txn.payload["files"]
+    assert sorted(p.name for p in published.glob("*.parquet")) == sorted(txn.payload["files"])
+    assert not Path(sink.staging_location("t1")).exists()
+    assert not (tmp_path / "table" / "_commits").exists()
 
 
-def test_auto_mode_renames_locally_and_uses_manifests_elsewhere(tmp_path: Path) -> None:
+def test_auto_mode_renames_locally_and_copies_elsewhere(tmp_path: Path) -> None:
     assert ParquetTableSink("a", str(tmp_path / "t")).commit_mode == "rename"
     assert ParquetTableSink("a", f"file://{tmp_path}/t").commit_mode == "rename"
-    assert ParquetTableSink("a", "memory://bucket/t").commit_mode == "manifest"
+    assert ParquetTableSink("a", "memory://bucket/t").commit_mode == "copy"
+    assert ParquetTableSink("a", "memory://bucket/t", commit_mode="manifest").commit_mode == "copy"
 
 
 def test_relative_local_path_becomes_absolute(
@@ -256,7 +260,7 @@ def test_relative_local_path_becomes_absolute(
 def test_tables_committed_in_both_modes_read_completely(tmp_path: Path) -> None:
     uri = str(tmp_path / "table")
     renaming = ParquetTableSink("mixed", uri, commit_mode="rename")
-    manifesting = ParquetTableSink("mixed", uri, commit_mode="manifest")
+    manifesting = ParquetTableSink("mixed", uri, commit_mode="copy")
     renaming.commit(stage(renaming, "r", 1))
     txn = stage(manifesting, "m", 2)
     manifesting.commit(txn)
@@ -442,14 +446,14 @@ def test_identifiers_are_accepted_only_as_one_safe_path_segment(text: str) -> No
 
 
 def test_unknown_commit_mode_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match="commit_mode 'copy'"):
-        ParquetTableSink("s", str(tmp_path / "t"), commit_mode="copy")  # type: ignore[arg-type]
+    with pytest.raises(Exception, match="commit_mode 'bogus'"):
+        ParquetTableSink("s", str(tmp_path / "t"), commit_mode="bogus")  # type: ignore[arg-type]
 
 
 # -- races and random schedules ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["rename", "manifest"])
+@pytest.mark.parametrize("mode", ["rename", "copy"])
 def test_concurrent_commits_publish_once(tmp_path: Path, mode: str) -> None:
     """Eight committers (separate sink objects) race on one txn: one wins, rows appear once.
 
