@@ -96,6 +96,10 @@ class Batch:
     index: int
     key: str
     splits: tuple[str, ...]
+    #: It takes the stage's last unfinished splits: the input ends with this batch.
+    last: bool = False
+    #: A downstream stage reads the stage's output parts (False: only its sinks keep output).
+    output_read: bool = True
 
 
 @dataclass(frozen=True)
@@ -309,7 +313,9 @@ class StageRunner:
                 skipped_splits=len(view.progress.finished_splits),
                 savepoint_id=stop.savepoint_id if stop else None,
             )
-        upstream = self.coordinator.graph().upstream(stage_id)
+        graph = self.coordinator.graph()
+        upstream = graph.upstream(stage_id)
+        output_read = bool(graph.downstream(stage_id))
         source = not upstream
         self._abort_orphaned_transactions()
         progress = view.progress
@@ -349,7 +355,13 @@ class StageRunner:
                 break
             splits = pending[: sizer.next_size(pending)]
             pending = pending[len(splits) :]
-            batch = Batch(index=index, key=batch_key(splits), splits=tuple(splits))
+            batch = Batch(
+                index=index,
+                key=batch_key(splits),
+                splits=tuple(splits),
+                last=not pending,
+                output_read=output_read,
+            )
             index += 1
             started = self.timer()
             out = self._process(batch)

@@ -51,6 +51,9 @@ class BatchContext:
     watermark: int | None
     finishing: bool = False
     drain: bool = False
+    #: This batch takes the stage's last unfinished splits: the input ends with it (a
+    #: windowed transform may fire everything now instead of in ``finish``).
+    last_batch: bool = False
     logic: SparkStageLogic | None = field(default=None, repr=False)
 
     def read_parts(self, parts: Sequence[str] | None = None) -> DataFrame:
@@ -75,6 +78,12 @@ class BatchContext:
     def set_state(self, name: str, frame: DataFrame) -> None:
         assert self.logic is not None
         self.logic.pending_state[STATE_PREFIX + name] = frame
+
+    def drop_state(self, name: str) -> None:
+        """Forget a state: this batch's record carries no handle for it (nothing is written)."""
+        assert self.logic is not None
+        self.logic.pending_state.pop(STATE_PREFIX + name, None)
+        self.logic.handles.pop(STATE_PREFIX + name, None)
 
     def global_state(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
         """Stage-global state (e.g. a broadcast dimension table): computed once, kept in every
@@ -149,6 +158,9 @@ class SparkStageLogic:
         #: transform wants to remember between the batches of this attempt (``attempt_memo``).
         self._global_frames: dict[str, DataFrame] = {}
         self.attempt_memo: dict[str, Any] = {}
+        #: Whether a downstream stage reads this stage's output parts (the runner says so with
+        #: each batch); a stage with sinks that nobody reads writes to its sinks only.
+        self.output_read = True
 
     @property
     def spark(self) -> SparkSession:
@@ -169,7 +181,15 @@ class SparkStageLogic:
         self.watermark = watermark
 
     def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
-        ctx = BatchContext(self.spark, self.stage_id, batch.splits, self.watermark, logic=self)
+        ctx = BatchContext(
+            self.spark,
+            self.stage_id,
+            batch.splits,
+            self.watermark,
+            last_batch=batch.last,
+            logic=self,
+        )
+        self.output_read = batch.output_read
         return self._run(ctx, self.transform, batch.key, txn_ids)
 
     def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
@@ -194,20 +214,33 @@ class SparkStageLogic:
                 f"({len(ctx.splits)} splits): {type(exc).__name__}: {exc}"
             ) from exc
         parts: tuple[str, ...] = ()
-        if frame is not None:
+        if frame is not None and self.sinks and not self.output_read:
+            # No stage reads this output: the sinks' staged data is all there is to keep.
+            self._write_sinks(frame, txn_ids)
+        elif frame is not None:
             part = f"data/{self.stage_id}/{key}"
             location = spark_path(self._resolve(part))
             frame.write.mode("overwrite").parquet(location)
             if self.sinks:
                 # The sinks read the part just written instead of computing the frame again
                 # (or caching it for every batch of a stage without sinks).
-                written = self.spark.read.parquet(location)
-                for sink in self.sinks:
-                    sink.write_spark(txn_ids[sink.sink_id], written)
+                self._write_sinks(self.spark.read.parquet(location), txn_ids)
             parts = (part,)
         self.persist_state()
         self.watermark = ctx.watermark
         return BatchOutput(parts=parts, state=tuple(self.handles.values()), watermark=ctx.watermark)
+
+    def _write_sinks(self, frame: DataFrame, txn_ids: Mapping[str, str]) -> None:
+        """Stage ``frame`` in every sink; with several sinks it is computed once and cached."""
+        cached = len(self.sinks) > 1
+        if cached:
+            frame = frame.persist()
+        try:
+            for sink in self.sinks:
+                sink.write_spark(txn_ids[sink.sink_id], frame)
+        finally:
+            if cached:
+                frame.unpersist()
 
     # -- output handles (the runtime records them with the batch) --------------------------
 

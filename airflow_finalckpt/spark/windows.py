@@ -164,6 +164,8 @@ def advance(
     watermark: int | None,
     spec: WindowSpec,
     aggregates: Sequence[Aggregate],
+    *,
+    final: bool = False,
 ) -> WindowStep:
     """Add one batch of rows: fire the windows the new watermark closes, keep the others.
 
@@ -171,6 +173,10 @@ def advance(
     Parquet in another process); both None before the first batch. The batch is read once: its
     rows are merged with the state and the (small) result is checkpointed locally, which also
     cuts the lineage between batches, so writing ``fired`` and ``state`` is cheap.
+
+    ``final``: the input ends with this batch, so every open window fires in it (as
+    :func:`flush` would right after) and the returned state is empty: the stage's last batch
+    writes one output and no state. Rows late for the previous watermark are still dropped.
     """
     state_cols = state_columns(spec, aggregates)
     _check_batch(batch, spec, aggregates)
@@ -192,7 +198,12 @@ def advance(
 
     on_time = merged.where(~F.col(_LATE))
     fired_start = spec.last_fired_start(new_watermark)
-    fires = F.lit(False) if fired_start is None else F.col(WINDOW_START) <= F.lit(fired_start)
+    if final:
+        fires = F.lit(True)
+    elif fired_start is None:
+        fires = F.lit(False)
+    else:
+        fires = F.col(WINDOW_START) <= F.lit(fired_start)
     fired = _finalize(on_time.where(fires), spec, aggregates)
     kept = on_time.where(~fires).select(*state_cols)
     return WindowStep(fired=fired, state=kept, watermark=new_watermark, late_rows=late_rows)

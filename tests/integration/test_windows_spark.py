@@ -228,6 +228,35 @@ def test_flush_fires_every_open_window_once(spark: SparkSession) -> None:
     assert state.count() == len(drained)
 
 
+def test_a_final_batch_fires_every_window_and_keeps_no_state(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The last batch of a stage fires what the batch + flush would, in one output: windows the
+    watermark closes, the open ones, and late rows still dropped."""
+    window_spec = spec(out_of_orderness_ms=700, allowed_lateness_ms=300)
+    rows = sorted(random_rows(seed=5, count=300, t_start=0, t_end=9 * SIZE), key=lambda r: r[1])
+    late = ("a", 10, 9.0, 9)  # its window [0, 1000) fired after the first batch
+    _, fired, state = run_batches(spark, [rows[:200]], window_spec, state_dir=tmp_path)
+    assert state is not None and state.count() > 0
+    previous = advance(frame(spark, rows[:200]), None, None, window_spec, AGGREGATES)
+    last_rows = [*rows[200:], late]
+    final = advance(
+        frame(spark, last_rows), state, previous.watermark, window_spec, AGGREGATES, final=True
+    )
+    assert final.state.count() == 0
+    assert final.late_rows == 1
+    assert final.watermark == max(r[1] for r in rows) - 700
+    both = pd.concat([fired[0], pandas_of(final.fired)], ignore_index=True)
+    assert_same_windows(both, pandas_windows(rows))
+    # the same as a non-final step followed by a flush of its state
+    step = advance(frame(spark, last_rows), state, previous.watermark, window_spec, AGGREGATES)
+    flushed = pd.concat(
+        [pandas_of(step.fired), pandas_of(flush(step.state, window_spec, AGGREGATES))],
+        ignore_index=True,
+    )
+    assert_same_windows(pandas_of(final.fired), flushed)
+
+
 def test_state_is_one_row_per_open_window_with_partials_only(spark: SparkSession) -> None:
     window_spec = spec()
     rows = [("a", 100, 1.0, 1), ("a", 200, 3.0, None), ("b", 150, None, 2), ("a", 1_200, 1.0, 1)]

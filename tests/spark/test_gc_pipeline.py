@@ -120,10 +120,15 @@ def test_complete_run_then_gc_keeps_only_what_checkpoints_and_sinks_need(
     assert all(r.status is RunStatus.FINISHED for r in run.results.values())
     views = pipeline.coord.stages()
     assert {v.lifecycle for v in views.values()} == {StageLifecycle.CLOSED}
-    before = {stage: pipeline.parts(stage) for stage in (*INTERMEDIATE, "publish")}
+    before = {stage: pipeline.parts(stage) for stage in INTERMEDIATE}
     assert all(before.values()), before
+    # publish has sinks and no downstream stage: its batches go to the sinks only
+    assert pipeline.parts("publish") == set()
     windows_state = "state_open_windows"
-    assert len(pipeline.frames("delay_windows", windows_state)) >= 2  # one per batch + finish
+    # delay_windows ran batches of 2 + 1 splits: the first kept its open windows as state, the
+    # last fired every window and dropped the state
+    written_state = pipeline.frames("delay_windows", windows_state)
+    assert len(written_state) == 1
 
     # All stages are CLOSED, but retention still keeps checkpoints taken while a downstream
     # stage had not finished: restoring one of them would re-read those parts.
@@ -134,13 +139,11 @@ def test_complete_run_then_gc_keeps_only_what_checkpoints_and_sinks_need(
         needed = any(r.stages[downstream].status is not StageStatus.FULLY_FINISHED for r in records)
         assert pipeline.parts(upstream) == (before[upstream] if needed else set()), upstream
     assert pipeline.parts("ingest") == set()  # every retained checkpoint has enrich finished
-    final_state = {
-        h.path.rsplit("/", 1)[-1].removesuffix(".json")
-        for h in views["delay_windows"].final_snapshot.state  # type: ignore[union-attr]
-        if h.name == "state:open_windows"
-    }
-    assert len(final_state) == 1
-    assert final_state <= pipeline.frames("delay_windows", windows_state)
+    final_handles = views["delay_windows"].final_snapshot.state  # type: ignore[union-attr]
+    assert not [h for h in final_handles if h.name == "state:open_windows"]
+    # no checkpoint was taken between delay_windows' two batches (interval 60 s): nothing
+    # retained references the state of its first batch
+    assert pipeline.frames("delay_windows", windows_state) == set()
 
     pipeline.push_out_old_checkpoints()
     report = collect_garbage(pipeline.coord, pipeline.storage, grace_s=0)
@@ -149,10 +152,6 @@ def test_complete_run_then_gc_keeps_only_what_checkpoints_and_sinks_need(
         assert pipeline.parts(stage) == set(), stage
         # the manifests (tiny) stay: the closed stages' final snapshots name them
         assert list((pipeline.root / "data" / stage / "_parts").glob("*.json"))
-    assert pipeline.parts("publish") == before["publish"]  # the last stage's output stays
-    assert "no downstream stage" in " ".join(report.kept_because(KeepReason.REFERENCED).values())
-    # superseded window state is gone; the final one (referenced by the final snapshot) stays
-    assert pipeline.frames("delay_windows", windows_state) == final_state
     assert sorted((pipeline.root).glob("chk-*/_metadata"))  # checkpoints untouched
     pipeline.assert_sinks_match_reference()
     assert collect_garbage(pipeline.coord, pipeline.storage, grace_s=0).deleted == ()

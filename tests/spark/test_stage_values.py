@@ -100,3 +100,60 @@ def test_split_weights_are_the_bytes_of_upstream_parts(spark: SparkSession, tmp_
     weights: list[Any] = logic.split_weights([small, big, "2013-01-01", "data/a/missing-n1-x"])
     assert weights[0] is not None and weights[1] is not None and weights[1] > 10 * weights[0]
     assert weights[2] is None and weights[3] is None  # not a part / not written
+
+
+def test_a_stage_nobody_reads_writes_to_its_sinks_only(spark: SparkSession, tmp_path: Path) -> None:
+    """``a`` (sink, read by ``b``) keeps its output parts; ``b`` (sink, no downstream stage)
+    stages its batches in the sink without writing parts of its own. Transforms are told which
+    batch is the stage's last."""
+    from airflow_finalckpt.sinks import ParquetTableSink
+
+    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    coord = Coordinator(engine, KEY, writer=storage)
+    coord.register(StageGraph.from_edges(["a", "b"], [("a", "b")]))
+    last_flags: dict[str, list[bool]] = {"a": [], "b": []}
+
+    def a(ctx: BatchContext) -> DataFrame:
+        last_flags["a"].append(ctx.last_batch)
+        return ctx.spark.createDataFrame([(s, 1) for s in ctx.splits], "s string, n long")
+
+    def b(ctx: BatchContext) -> DataFrame:
+        last_flags["b"].append(ctx.last_batch)
+        return ctx.read_parts().withColumn("n", F.col("n") * 2)
+
+    sinks = {sid: ParquetTableSink(f"{sid}_out", str(tmp_path / f"{sid}_out")) for sid in "ab"}
+    manifests: dict[str, list[str]] = {}
+    for sid, transform, splits in (("a", a, SPLITS), ("b", b, None)):
+        logic = SparkStageLogic(
+            spark,
+            storage,
+            KEY,
+            sid,
+            transform,
+            sinks=[sinks[sid]],
+            upstream_manifests=manifests,
+        )
+        spec = StageSpec(
+            pipeline_key=KEY, stage_id=sid, splits=tuple(splits or manifests["a"]), batch_size=2
+        )
+        runner = StageRunner(coord, spec, logic, [sinks[sid]], output_handle=logic.output_handle)
+        runner.run()
+        eod = runner.try_close()
+        for _ in range(100):
+            if eod is not None:
+                break
+            coord.ensure_final_checkpoint(sid)
+            eod = runner.try_close()
+        assert eod is not None
+        manifests[sid] = list(eod.manifest)
+
+    assert len(manifests["a"]) == 2  # two batches of two splits, one part each
+    assert manifests["b"] == []
+    assert not (Path(storage.pipeline_dir(KEY)) / "data" / "b").exists()
+    assert last_flags == {"a": [False, True], "b": [True]}
+    a_rows = sorted(map(tuple, sinks["a"].read_pandas()[["s", "n"]].values.tolist()))
+    b_rows = sorted(map(tuple, sinks["b"].read_pandas()[["s", "n"]].values.tolist()))
+    assert a_rows == [(s, 1) for s in SPLITS]
+    assert b_rows == [(s, 2) for s in SPLITS]

@@ -68,16 +68,24 @@ def enrich_transform(input_dir: str) -> Transform:
 
 
 def windows_transform(ctx: BatchContext) -> DataFrame:
-    step = delay_windows(ctx.read_parts(), ctx.get_state(WINDOW_STATE), ctx.watermark)
-    ctx.set_state(WINDOW_STATE, step.state)
+    """One batch of windows. The stage's last batch fires every window and drops the state
+    (one output, no state files, like a plain job over all the input); ``windows_finish`` then
+    has nothing left to fire."""
+    final = ctx.last_batch
+    step = delay_windows(ctx.read_parts(), ctx.get_state(WINDOW_STATE), ctx.watermark, final=final)
+    if final:
+        ctx.drop_state(WINDOW_STATE)
+    else:
+        ctx.set_state(WINDOW_STATE, step.state)
     ctx.set_watermark(step.watermark)
     return step.fired
 
 
 def windows_finish(ctx: BatchContext) -> DataFrame | None:
-    """MAX_WATERMARK: every open window fires (end of input and drain alike). The state is
-    left as it is: a finished stage is restored from its end_of_data, never from its state, and
-    a finish redone after a crash fires the same windows again into the same part."""
+    """MAX_WATERMARK: every open window fires (a drain, or a restored attempt whose splits were
+    all finished before its last batch could fire them). The state is left as it is: a finished
+    stage is restored from its end_of_data, never from its state, and a finish redone after a
+    crash fires the same windows again into the same part."""
     state = ctx.get_state(WINDOW_STATE)
     return None if state is None else flush_delay_windows(state)
 

@@ -310,10 +310,12 @@ def delay_windows(
     watermark: int | None,
     *,
     spec: WindowSpec = DELAY_WINDOW_SPEC,
+    final: bool = False,
 ) -> WindowStep:
-    """Advance the hourly per-origin delay windows by one batch of enriched flights."""
+    """Advance the hourly per-origin delay windows by one batch of enriched flights
+    (``final``: the last batch of the input, every window fires)."""
     with_cancelled = enriched.withColumn("cancelled", F.col("dep_time").isNull().cast("long"))
-    return advance(with_cancelled, state, watermark, spec, DELAY_AGGREGATES)
+    return advance(with_cancelled, state, watermark, spec, DELAY_AGGREGATES, final=final)
 
 
 def flush_delay_windows(state: DataFrame, *, spec: WindowSpec = DELAY_WINDOW_SPEC) -> DataFrame:
