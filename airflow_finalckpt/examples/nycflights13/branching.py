@@ -15,6 +15,10 @@ DAG the README runs; tests build more copies of it, each with its own input, out
   origin) >> ``publish`` (Parquet table + SQL table), and ``carrier_daily`` (flights, cancelled
   flights and average departure delay per carrier and day), which publishes its own Parquet
   table. Both publish at their final checkpoint (``commit_mode="final"``).
+- with ``lakehouse=True`` both publishing stages also write their table to Apache Iceberg
+  (``nycflights13.<table>`` in a SQLite-catalog warehouse under the output directory) and to
+  Delta Lake (``<output>/delta/<table>``), committed at the same final checkpoint
+  (``branching_sinks`` lists them, so the runner checks exactly what the DAG writes).
 
 When the short branch finishes while the long one still runs, its final checkpoint needs the
 running stages' acknowledgements: the task defers to ``FinalCheckpointTrigger`` (no worker slot)
@@ -40,11 +44,17 @@ from airflow_finalckpt.examples.nycflights13.dag import (
     prepare_input_task,
 )
 from airflow_finalckpt.examples.nycflights13.data import open_layout
-from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+from airflow_finalckpt.sinks import (
+    DeltaTableSink,
+    IcebergTableSink,
+    ParquetTableSink,
+    SqlTableSink,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
     from airflow_finalckpt.spark.stage import BatchContext, Transform
 
 #: The splits of the ``weather`` source: the three New York origin airports.
@@ -52,6 +62,41 @@ ORIGINS = ("EWR", "JFK", "LGA")
 #: The dimension tables enrich reads from files (weather comes from the ``weather`` stage).
 FILE_DIMS = ("airlines", "airports", "planes")
 STAGE_IDS = ("ingest", "weather", "enrich", "delay_windows", "publish", "carrier_daily")
+#: The Iceberg namespace of the lakehouse tables.
+ICEBERG_NAMESPACE = "nycflights13"
+#: Sink kinds: the classic pair (always written) and the lakehouse table formats (optional).
+CLASSIC_SINKS = ("parquet", "sql")
+LAKEHOUSE_SINKS = ("iceberg", "delta")
+
+
+def branching_sinks(
+    output_dir: str, sql_url: str | None = None, *, lakehouse: bool = False
+) -> dict[str, list[TwoPhaseCommitSink]]:
+    """The sinks of the two publishing stages, per table (``delay_windows`` is written by
+    ``publish``, ``carrier_daily`` by ``carrier_daily``): Parquet tables, the SQL table of the
+    delay windows, and with ``lakehouse`` an Iceberg table (SQLite catalog in
+    ``<output>/warehouse``) and a Delta table (``<output>/delta/<table>``) for each."""
+    sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    sinks: dict[str, list[TwoPhaseCommitSink]] = {
+        "delay_windows": [
+            ParquetTableSink("delay_windows_parquet", f"{output_dir}/delay_windows"),
+            SqlTableSink("delay_windows_sql", sql_url, "delay_windows"),
+        ],
+        "carrier_daily": [
+            ParquetTableSink("carrier_daily_parquet", f"{output_dir}/carrier_daily"),
+        ],
+    }
+    if lakehouse:
+        for table, table_sinks in sinks.items():
+            table_sinks.append(
+                IcebergTableSink(
+                    f"{table}_iceberg",
+                    f"{ICEBERG_NAMESPACE}.{table}",
+                    warehouse=f"{output_dir}/warehouse",
+                )
+            )
+            table_sinks.append(DeltaTableSink(f"{table}_delta", f"{output_dir}/delta/{table}"))
+    return sinks
 
 
 def weather_transform(input_dir: str) -> Transform:
@@ -103,6 +148,7 @@ def build_branching_dag(
     crash_hard: Knob[bool] = False,
     windows_asset: str = "nycflights13_delay_windows",
     carrier_asset: str = "nycflights13_carrier_daily",
+    lakehouse: bool = False,
     doc_md: str | None = None,
 ) -> DAG:
     """The branching example DAG (see the module docstring).
@@ -116,10 +162,12 @@ def build_branching_dag(
         the branches, or pass a callable that blocks until the test lets the batch go on).
     :param crash: ``"enrich:N"``: the first enrich attempt fails after N batches (``crash_hard``:
         by killing its own process, like SIGKILL); see ``stages.crash_if_requested``.
+    :param lakehouse: also publish both tables to Iceberg and Delta Lake (``branching_sinks``;
+        needs the ``lakehouse`` extra: pyiceberg, deltalake).
 
     The test knobs take a value or a callable read when the task runs.
     """
-    sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    sinks = branching_sinks(output_dir, sql_url, lakehouse=lakehouse)
     sizes = dict(batch_sizes or {})
     conf = dict(spark_conf or {})
     enrich_logic = enrich_transform(input_dir)
@@ -166,10 +214,7 @@ def build_branching_dag(
             # The task succeeds only after its sinks committed: the asset event marks
             # committed data.
             outlets=[Asset(windows_asset)],
-            sinks=[
-                ParquetTableSink("delay_windows_parquet", f"{output_dir}/delay_windows"),
-                SqlTableSink("delay_windows_sql", sql_url, "delay_windows"),
-            ],
+            sinks=sinks["delay_windows"],
         )
         def publish(ctx: BatchContext) -> DataFrame | None:
             return stages.publish_transform(ctx)
@@ -179,7 +224,7 @@ def build_branching_dag(
             batch_size=sizes.get("carrier_daily", "auto"),
             commit_mode="final",
             outlets=[Asset(carrier_asset)],
-            sinks=[ParquetTableSink("carrier_daily_parquet", f"{output_dir}/carrier_daily")],
+            sinks=sinks["carrier_daily"],
         )
         def carrier_daily(ctx: BatchContext) -> DataFrame | None:
             time.sleep(_value(carrier_delay_s))

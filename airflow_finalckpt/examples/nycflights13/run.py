@@ -1,9 +1,14 @@
 """Run the example DAG end to end with ``dag.test()`` on embedded defaults and print a summary.
 
     python -m airflow_finalckpt.examples.nycflights13.run [--days N] [--crash-mid-enrich]
+        [--no-lakehouse]
 
 Embedded defaults: Airflow's metadata in SQLite, the coordination store in SQLite, checkpoints
 and outputs on the local filesystem, Spark ``local[*]``, all under ``--home`` (./var/example).
+Both tables (delay windows, carrier_daily) are published to Parquet (the delay windows to SQL
+too) and, unless ``--no-lakehouse``, to Apache Iceberg (pyiceberg SQLite catalog) and Delta Lake
+(``scripts/setup.sh`` installs the ``lakehouse`` extra these need); every sink is then checked
+against the pandas reference.
 With ``--crash-mid-enrich`` the first DAG run fails inside ``enrich`` when it starts its second
 batch (its first is recorded); a second DAG run of the same pipeline key then resumes: ``ingest``
 submits no Spark job, ``enrich`` redoes only its unfinished splits. What the runner prints about
@@ -32,9 +37,11 @@ CRASH_SPEC = "enrich:1"
 #: enrich's splits are ingest's output parts, at most one per day: one day is one split, and a
 #: crash cannot land between two batches of one split.
 MIN_CRASH_DAYS = 2
+#: What ``--lakehouse`` needs (the ``lakehouse`` extra).
+LAKEHOUSE_MODULES = ("pyiceberg", "deltalake")
 
 
-def _configure_environment(home: Path, days: int) -> None:
+def _configure_environment(home: Path, days: int, lakehouse: bool) -> None:
     """Must run before Airflow is imported: Airflow reads its configuration at import."""
     airflow_home = home / "airflow"
     airflow_home.mkdir(parents=True, exist_ok=True)
@@ -48,6 +55,7 @@ def _configure_environment(home: Path, days: int) -> None:
     os.environ.setdefault("FINALCKPT_EXAMPLE_INPUT", str(home / "input"))
     os.environ.setdefault("FINALCKPT_EXAMPLE_OUTPUT", str(home / "output"))
     os.environ["FINALCKPT_EXAMPLE_DAYS"] = str(days)
+    os.environ["FINALCKPT_EXAMPLE_LAKEHOUSE"] = "1" if lakehouse else "0"
 
 
 def _migrate_airflow() -> None:
@@ -131,11 +139,23 @@ def _run(dag: Any, key: str) -> str:
     return state
 
 
-def summarize(key: str, days: int) -> dict[str, Any]:
-    """The checkpoint history, every stage's state, and the sinks checked against pandas."""
+def missing_lakehouse_modules() -> list[str]:
+    return [name for name in LAKEHOUSE_MODULES if importlib.util.find_spec(name) is None]
+
+
+def read_sink(sink: Any) -> Any:
+    """A sink's committed table as pandas (Iceberg: pyiceberg scan; Delta: deltalake)."""
+    if hasattr(sink, "read_pandas"):
+        return sink.read_pandas()
+    return sink.read_arrow().to_pandas()
+
+
+def summarize(key: str, days: int, *, lakehouse: bool = False) -> dict[str, Any]:
+    """The checkpoint history, every stage's state, and every sink checked against pandas."""
     from airflow_finalckpt.cli.checkpoints import info_to_json
     from airflow_finalckpt.config import load_settings
     from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.examples.nycflights13.branching import branching_sinks
     from airflow_finalckpt.examples.nycflights13.data import first_days
     from airflow_finalckpt.examples.nycflights13.reference import (
         assert_carrier_daily_match,
@@ -143,7 +163,6 @@ def summarize(key: str, days: int) -> dict[str, Any]:
         reference_carrier_daily,
         reference_pipeline,
     )
-    from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
     from airflow_finalckpt.store.engine import make_engine
 
     settings = load_settings()
@@ -170,38 +189,25 @@ def summarize(key: str, days: int) -> dict[str, Any]:
         }
         print(f"  {sid:<14} {json.dumps(stages[sid])}")
     output = os.environ["FINALCKPT_EXAMPLE_OUTPUT"]
-    sql_url = os.environ.get("FINALCKPT_EXAMPLE_SQL_URL", f"sqlite:///{output}/delay_windows.db")
-    windows = reference_pipeline(first_days(days)).windows
-    carriers = reference_carrier_daily(first_days(days))
+    sinks = branching_sinks(
+        output, os.environ.get("FINALCKPT_EXAMPLE_SQL_URL"), lakehouse=lakehouse
+    )
+    references = {
+        "delay_windows": (reference_pipeline(first_days(days)).windows, assert_windows_match),
+        "carrier_daily": (reference_carrier_daily(first_days(days)), assert_carrier_daily_match),
+    }
     checks = {}
-    for name, sink, expected, check in (
-        (
-            "delay_windows parquet",
-            ParquetTableSink("delay_windows_parquet", f"{output}/delay_windows"),
-            windows,
-            assert_windows_match,
-        ),
-        (
-            "delay_windows sql",
-            SqlTableSink("delay_windows_sql", sql_url, "delay_windows"),
-            windows,
-            assert_windows_match,
-        ),
-        (
-            "carrier_daily parquet",
-            ParquetTableSink("carrier_daily_parquet", f"{output}/carrier_daily"),
-            carriers,
-            assert_carrier_daily_match,
-        ),
-    ):
-        actual = sink.read_pandas()
-        try:
-            check(actual, expected)
-            verdict = "equal to the pandas reference"
-        except AssertionError as exc:
-            verdict = f"DIFFERENT from the pandas reference: {str(exc)[:200]}"
-        checks[name] = {"rows": len(actual), "expected_rows": len(expected), "verdict": verdict}
-        print(f"==> {name} sink: {len(actual)} rows, {verdict}")
+    for table, (expected, check) in references.items():
+        for sink in sinks[table]:
+            name = f"{table} {sink.sink_id.removeprefix(table + '_')}"
+            actual = read_sink(sink)
+            try:
+                check(actual, expected)
+                verdict = "equal to the pandas reference"
+            except AssertionError as exc:
+                verdict = f"DIFFERENT from the pandas reference: {str(exc)[:200]}"
+            checks[name] = {"rows": len(actual), "expected_rows": len(expected), "verdict": verdict}
+            print(f"==> {name} sink: {len(actual)} rows, {verdict}")
     return {"stages": stages, "sinks": checks}
 
 
@@ -211,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", type=Path, default=Path("var/example").resolve())
     parser.add_argument("--crash-mid-enrich", action="store_true")
     parser.add_argument("--pipeline-key", default=None)
+    parser.add_argument(
+        "--lakehouse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also publish both tables to Iceberg and Delta Lake and check them (default: on; "
+        "needs the lakehouse extra, which scripts/setup.sh installs)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.days <= 365:
         parser.error("--days must be between 1 and 365")
@@ -220,7 +233,12 @@ def main(argv: list[str] | None = None) -> int:
             f"output parts (at most one per day), so with {args.days} day enrich has one split "
             "and a crash cannot land between two of its batches"
         )
-    _configure_environment(args.home.resolve(), args.days)
+    if args.lakehouse and (missing := missing_lakehouse_modules()):
+        parser.error(
+            f"--lakehouse needs {', '.join(missing)} (pip install -e '.[lakehouse]'; "
+            "scripts/setup.sh does); or pass --no-lakehouse"
+        )
+    _configure_environment(args.home.resolve(), args.days, args.lakehouse)
     _migrate_airflow()
     key = args.pipeline_key or f"nycflights13-{uuid.uuid4().hex[:8]}"
     if args.crash_mid_enrich:
@@ -230,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"==> pipeline key {key}: {args.days} days of nycflights13 through 6 stages (two branches)"
     )
+    kinds = "Parquet, SQL" + (", Iceberg, Delta Lake" if args.lakehouse else "")
+    print(f"==> sinks: {kinds}")
     state = _run(dag, key)
     crashed = True
     if args.crash_mid_enrich:
@@ -244,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not state.endswith("success"):
             print(f"==> starting a new DAG run of the same pipeline key ({key}) to finish it")
             state = _run(dag, key)
-    report = summarize(key, args.days)
+    report = summarize(key, args.days, lakehouse=args.lakehouse)
     ok = crashed and state.endswith("success")
     ok = ok and all(c["verdict"].startswith("equal") for c in report["sinks"].values())
     return 0 if ok else 1
