@@ -7,7 +7,24 @@ Names (all prefixed ``finalckpt.``; tags ``stage_id``, and ``sink_id`` for commi
 - ``finalckpt.batch.splits`` (gauge): splits in that batch;
 - ``finalckpt.sink.commit.duration`` (timer): one sink transaction's commit;
 - ``finalckpt.stage.finished`` / ``finalckpt.stage.closed`` (counters): a stage finished its
-  input / closed on its final checkpoint.
+  input / closed on its final checkpoint;
+- ``finalckpt.checkpoint.duration`` (timer, tag ``kind``): a checkpoint or savepoint, from its
+  trigger to its completion (``_metadata`` durably written);
+- ``finalckpt.checkpoint.size`` (gauge, tag ``kind``): bytes of the completed checkpoint's
+  ``_metadata`` file;
+- ``finalckpt.checkpoint.state_size`` (gauge, tag ``kind``): bytes of the state and staged output
+  files the completed checkpoint references;
+- ``finalckpt.checkpoint.ack_lag`` (timer, tag ``stage_id``): from a checkpoint's trigger to that
+  stage's acknowledgement (batch boundary, explicit, or its finish);
+- ``finalckpt.checkpoint.last_ack_lag`` (timer, tag ``stage_id``: the stage that acknowledged
+  last): from the trigger to the last acknowledgement the checkpoint waited for;
+- ``finalckpt.checkpoint.aborted`` (counter): a pending checkpoint aborted (declined, timed out,
+  subsumed, metadata write failed).
+
+The checkpoint metrics come from the coordinator, which stays free of Airflow: it reports through
+the ``airflow_finalckpt.core.observe`` port, and ``install()`` (called when the Airflow hook
+module is imported, i.e. in every worker and triggerer that runs stages) connects that port to
+the functions here.
 
 Outside an Airflow process (a plain Spark driver, the fault harness, the benchmarks' plain runs)
 nothing is emitted and Airflow is not imported; a failing metrics backend never fails the
@@ -19,7 +36,10 @@ from __future__ import annotations
 import logging
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_finalckpt.core.observe import CheckpointEvent
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +48,12 @@ BATCH_SPLITS = "finalckpt.batch.splits"
 COMMIT_DURATION = "finalckpt.sink.commit.duration"
 STAGE_FINISHED = "finalckpt.stage.finished"
 STAGE_CLOSED = "finalckpt.stage.closed"
+CHECKPOINT_DURATION = "finalckpt.checkpoint.duration"
+CHECKPOINT_SIZE = "finalckpt.checkpoint.size"
+CHECKPOINT_STATE_SIZE = "finalckpt.checkpoint.state_size"
+CHECKPOINT_ACK_LAG = "finalckpt.checkpoint.ack_lag"
+CHECKPOINT_LAST_ACK_LAG = "finalckpt.checkpoint.last_ack_lag"
+CHECKPOINT_ABORTED = "finalckpt.checkpoint.aborted"
 
 
 def _emit(kind: str, name: str, value: Any, tags: dict[str, str]) -> None:
@@ -63,3 +89,33 @@ def stage_finished(stage_id: str) -> None:
 
 def stage_closed(stage_id: str) -> None:
     _emit("incr", STAGE_CLOSED, 1, {"stage_id": stage_id})
+
+
+def checkpoint_event(event: CheckpointEvent) -> None:
+    """The coordinator's checkpoint events (``core.observe``) as metrics."""
+    from airflow_finalckpt.core.observe import (
+        CheckpointAborted,
+        CheckpointAcknowledged,
+        CheckpointCompleted,
+    )
+
+    if isinstance(event, CheckpointCompleted):
+        kind = {"kind": event.kind}
+        _emit("timing", CHECKPOINT_DURATION, event.duration_s, kind)
+        if event.metadata_bytes is not None:
+            _emit("gauge", CHECKPOINT_SIZE, event.metadata_bytes, kind)
+        _emit("gauge", CHECKPOINT_STATE_SIZE, event.state_bytes, kind)
+    elif isinstance(event, CheckpointAcknowledged):
+        stage = {"stage_id": event.stage_id}
+        _emit("timing", CHECKPOINT_ACK_LAG, event.lag_s, stage)
+        if event.last:
+            _emit("timing", CHECKPOINT_LAST_ACK_LAG, event.lag_s, stage)
+    elif isinstance(event, CheckpointAborted):
+        _emit("incr", CHECKPOINT_ABORTED, 1, {})
+
+
+def install() -> None:
+    """Send the coordinator's checkpoint events to Airflow's metrics (idempotent)."""
+    from airflow_finalckpt.core.observe import add_listener
+
+    add_listener(checkpoint_event)

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, RowMapping, Select, and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from airflow_finalckpt.core import observe
 from airflow_finalckpt.core.errors import (
     CheckpointNotPendingError,
     DrainedSavepointError,
@@ -719,6 +720,7 @@ class Coordinator:
             checkpoint_id,
             t.checkpoints.c.state,
             t.checkpoints.c.acks_pending,
+            t.checkpoints.c.triggered_at,
             t.checkpoints.c.plan["to_ack"].label("to_ack"),
         )
         if ck["state"] != CheckpointState.PENDING.value:
@@ -751,6 +753,7 @@ class Coordinator:
         snapshot = progress.model_copy(
             update={"pending_transactions": tuple(self._uncommitted(tx.conn, stage_id))}
         )
+        acked_at = self.clock()
         tx.conn.execute(
             t.acks.insert().values(
                 pipeline_key=self.pipeline_key,
@@ -759,10 +762,19 @@ class Coordinator:
                 epoch=epoch,
                 by_finish=by_finish,
                 snapshot=_dump(snapshot),
-                acked_at=self.clock(),
+                acked_at=acked_at,
             )
         )
         remaining = ck["acks_pending"] - 1
+        event = observe.CheckpointAcknowledged(
+            self.pipeline_key,
+            checkpoint_id,
+            stage_id,
+            acked_at - float(ck["triggered_at"]),
+            by_finish,
+            remaining == 0,
+        )
+        tx.after_commit.append(partial(observe.notify, event))
         self._update_checkpoint(tx.conn, checkpoint_id, {"acks_pending": remaining})
         if remaining == 0 and self._complete(tx, checkpoint_id):
             return AckOutcome.COMPLETED
@@ -866,6 +878,8 @@ class Coordinator:
             checkpoint_id,
             {"state": CheckpointState.ABORTED.value, "failure_reason": reason},
         )
+        event = observe.CheckpointAborted(self.pipeline_key, checkpoint_id, reason)
+        tx.after_commit.append(partial(observe.notify, event))
         stop = self._latest_stop(tx.conn)
         if (
             stop is not None
@@ -911,6 +925,17 @@ class Coordinator:
                 "size_bytes": size,
             },
         )
+        completed = observe.CheckpointCompleted(
+            self.pipeline_key,
+            checkpoint_id,
+            record.kind.value,
+            record.reason.value,
+            now - record.triggered_at,
+            size,
+            sum(h.size for stage in record.stages.values() for h in stage.state),
+            len(record.stages),
+        )
+        tx.after_commit.append(partial(observe.notify, completed))
         # Subsume: older pending checkpoints are obsolete (savepoints are never subsumed).
         for cid in tx.conn.execute(
             select(t.checkpoints.c.checkpoint_id).where(

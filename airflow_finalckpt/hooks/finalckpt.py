@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_finalckpt import metrics
 from airflow_finalckpt.config import (
     CONNECTION_ID,
     FinalCkptSettings,
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 DEFAULT_CONN_ID = CONNECTION_ID
+
+# Every Airflow process that drives pipelines (workers, the triggerer) imports this hook: its
+# coordinators' checkpoint events go to Airflow's metrics from here on.
+metrics.install()
 
 _ENGINES: dict[tuple[int, str], Engine] = {}
 _ENGINES_LOCK = threading.Lock()
