@@ -576,7 +576,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         manifests: Mapping[str, list[str]],
     ) -> StageRun:
         """spark-submit the stage: the driver runs the runtime; this task reads its result
-        (or reconnects to a driver a previous try submitted and that still runs)."""
+        (or reattaches to a driver a previous try submitted and that still runs: the
+        submission is remembered in the task state store, see ``spark.resumable``)."""
         from airflow_finalckpt.spark.submit import SubmitLauncher
 
         interval = self.checkpoint_interval or settings.checkpoint_interval_s
@@ -605,7 +606,9 @@ class FinalCheckpointStageOperator(BaseOperator):
             on_finish=self.on_finish,
             sinks=self.sinks,
         )
-        outcome = launcher.run(job, code)
+        # ResumableJobMixin: the submission record in the task state store across tries
+        outcome = launcher.run(job, code, context)
+        resumable = launcher.resumable
         context["ti"].xcom_push(
             key=SPARK_SUBMISSION_KEY,
             value={
@@ -613,6 +616,8 @@ class FinalCheckpointStageOperator(BaseOperator):
                 "epoch": outcome.epoch,
                 "app_id": outcome.app_id,
                 "reconnected": outcome.reconnected,
+                "previous": resumable.previous if resumable is not None else None,
+                "state_store": launcher.state_store_kind,
             },
         )
         runner = self._runner(coordinator, key, settings, splits, _NoLogic())

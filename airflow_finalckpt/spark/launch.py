@@ -37,7 +37,7 @@ from typing import Any
 
 from airflow_finalckpt import config
 from airflow_finalckpt.config import env_var_name
-from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.core.errors import ConfigurationError, StageDefinitionError
 
 #: Connection extra naming the execution mode.
 EXECUTION_EXTRA = "finalckpt-execution"
@@ -51,6 +51,11 @@ STANDALONE_PYTHON_CLUSTER_MODE = (
     "applications on standalone clusters'); use deploy mode 'client' with a spark:// master "
     "(the driver runs beside the Airflow task), or YARN / Kubernetes for cluster mode"
 )
+
+
+class UnsupportedDeployModeError(ConfigurationError, StageDefinitionError):
+    """A deploy mode the master cannot run (standalone cluster mode for Python): the same on
+    every try, so the task fails at once, before anything is submitted (permanent error)."""
 
 
 class ExecutionMode(StrEnum):
@@ -211,9 +216,9 @@ def resolve_target(
             f"deploy mode {resolved_deploy!r} is not 'client' or 'cluster' ({source})"
         )
     if resolved_deploy == "cluster" and master.startswith("spark://"):
-        raise ConfigurationError(f"{STANDALONE_PYTHON_CLUSTER_MODE} ({source})")
+        raise UnsupportedDeployModeError(f"{STANDALONE_PYTHON_CLUSTER_MODE} ({source})")
     if resolved_deploy == "cluster" and master.startswith("local"):
-        raise ConfigurationError(
+        raise UnsupportedDeployModeError(
             f"deploy mode cluster needs a cluster master, not {master!r} ({source})"
         )
     return SparkTarget(mode, master, resolved_deploy, spark_conn_id, source)

@@ -3,7 +3,6 @@
 The Airflow task writes a *job* for the driver into the checkpoint storage (a shared location:
 in cluster deploy mode the driver runs on another machine), under the pipeline directory::
 
-    drivers/<stage>/current.json                     the latest submission of the stage
     drivers/<stage>/<submission>/spec.json           the job spec (JSON: data, never code)
     drivers/<stage>/<submission>/code.pkl            transform, on_finish and sinks (cloudpickle)
     drivers/<stage>/<submission>/heartbeat.json      written by the driver every few seconds
@@ -11,16 +10,18 @@ in cluster deploy mode the driver runs on another machine), under the pipeline d
     drivers/<stage>/<submission>/cancel              asks a driver to stop (``on_kill``)
 
 then submits ``airflow_finalckpt/spark/driver.py`` through the Spark provider's
-``SparkSubmitHook`` and, when ``spark-submit`` returns, reads ``result.json``. The coordination
-store URL and the storage settings go to the driver as environment variables (the hook turns
-them into ``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` in cluster mode),
-never into the spec file.
+``SparkSubmitHook`` and, when the driver ends, reads ``result.json``. The coordination store
+URL and the storage settings go to the driver as environment variables (the hook turns them
+into ``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` in cluster mode), never
+into the spec file.
 
-Reconnecting: a new try of the task first reads ``current.json``. If that submission has no
-result yet and its heartbeat is fresh, its driver still runs (an Airflow worker restart does not
-stop a driver): the task waits for that driver's result instead of submitting a second one. A
-driver whose heartbeat went stale is given up on and a new one is submitted; the new driver's
-attempt takes a new epoch, so a stale driver that comes back is fenced off by the coordinator.
+Reattaching across task tries is ``airflow.sdk.ResumableJobMixin`` with Airflow's task state
+store (``spark.resumable``): the submission record is kept under ``finalckpt_spark_submission``
+(``drivers/<stage>/current.json`` only when the context has no task state store). A later try
+reattaches to a driver that still heartbeats and has no result, and submits a new one when the
+recorded driver ended without a result (killed), failed, was suspended or stopped
+heartbeating; the new driver's attempt takes a new epoch, so a stale driver that comes back is
+fenced off by the coordinator.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import json
 import os
 import posixpath
 import shutil
-import socket
 import sys
 import time
 import uuid
@@ -44,7 +44,11 @@ from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError, FinalCheckpointError
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.runtime.runner import RunResult, RunStatus
-from airflow_finalckpt.spark.launch import SparkTarget
+from airflow_finalckpt.spark.launch import (
+    STANDALONE_PYTHON_CLUSTER_MODE,
+    SparkTarget,
+    UnsupportedDeployModeError,
+)
 from airflow_finalckpt.storage import CheckpointStorage
 
 #: 2: batch_size may be "auto", with target_batch_s and hints_scope.
@@ -319,8 +323,12 @@ def heartbeat_age(beat: Mapping[str, Any] | None) -> float | None:
     return max(0.0, time.time() - float(beat.get("at", 0)))
 
 
+class DriverLost(DriverError):
+    """A driver this try reattached to stopped heartbeating without a result."""
+
+
 class SubmitLauncher:
-    """Submits one stage attempt and returns the driver's outcome (or reconnects to one)."""
+    """Submits one stage attempt and returns the driver's outcome (or reattaches to one)."""
 
     def __init__(
         self,
@@ -354,6 +362,9 @@ class SubmitLauncher:
         self._files: Files | None = None
         self._submission: str | None = None
         self._killed = False
+        #: the last run's resumable job (its ``previous`` decision and its state store kind)
+        self.resumable: Any = None
+        self.state_store_kind: str | None = None
 
     # -- building the job ------------------------------------------------------------------
 
@@ -407,63 +418,54 @@ class SubmitLauncher:
 
     # -- running ---------------------------------------------------------------------------
 
-    def run(self, job: DriverJob, code: bytes | None) -> DriverOutcome:
-        """Reconnect to a still-running driver of this stage, else submit ``job``."""
+    def run(
+        self,
+        job: DriverJob,
+        code: bytes | None,
+        context: Mapping[str, Any] | None = None,
+        *,
+        durable: bool = True,
+    ) -> DriverOutcome:
+        """Reattach to the driver a previous try of this task submitted if it still runs,
+        else submit ``job`` (``ResumableJobMixin.execute_resumable``).
+
+        The record of the submission lives in Airflow's task state store
+        (``context["task_state_store"]``, Airflow 3.3); without one (``execute`` called with
+        a hand-made context) in the checkpoint storage, ``drivers/<stage>/current.json``."""
+        from airflow_finalckpt.spark.resumable import ResumableSubmission, StorageStateStore
+
+        context = context or {}
         files = Files(self.storage, job.pipeline_key, job.stage_id)
         self._files = files
-        running = self.running_submission(files)
-        if running is not None:
-            outcome = self._reconnect(files, running)
-            if outcome is not None:
-                return outcome
-        return self._submit(files, job, code)
-
-    def running_submission(self, files: Files) -> str | None:
-        """The recorded submission whose driver still heartbeats and has no result, if any."""
-        current = files.read_json(None, "current.json")
-        if not current:
-            return None
-        sid = str(current["submission_id"])
-        if files.exists(sid, "result.json"):
-            return None
-        age = heartbeat_age(files.read_json(sid, "heartbeat.json"))
-        submitted_age = time.time() - float(current.get("submitted_at", 0))
-        if age is None:
-            # Not started yet (a JVM start, or queued on the cluster) or never will: give it
-            # the stale period from its submission before giving up on it.
-            return sid if submitted_age < self.heartbeat_stale_s else None
-        return sid if age < self.heartbeat_stale_s else None
-
-    def _reconnect(self, files: Files, sid: str) -> DriverOutcome | None:
-        beat = files.read_json(sid, "heartbeat.json") or {}
-        self.log.info(
-            "stage %s: driver of submission %s still runs (epoch %s, app %s, host %s, pid %s): "
-            "reconnecting to it instead of submitting again",
-            files.stage_id,
-            sid,
-            beat.get("epoch"),
-            beat.get("app_id"),
-            beat.get("host"),
-            beat.get("pid"),
-        )
-        self._submission = sid
-        while True:
-            if self._killed:
-                raise DriverError(f"stage {files.stage_id!r}: killed while waiting for driver")
-            result = files.read_json(sid, "result.json")
-            if result is not None:
-                return self._outcome(files, sid, result, reconnected=True)
-            age = heartbeat_age(files.read_json(sid, "heartbeat.json"))
-            if age is not None and age >= self.heartbeat_stale_s:
-                self.log.info(
-                    "stage %s: driver of submission %s stopped heartbeating (%.0fs ago) without "
-                    "a result: submitting a new driver",
-                    files.stage_id,
-                    sid,
-                    age,
-                )
-                return None
-            time.sleep(self.poll_interval_s)
+        store = context.get("task_state_store")
+        if store is None:
+            store = StorageStateStore(files)
+            self.state_store_kind = "checkpoint storage"
+            self.log.info(
+                "stage %s: no Airflow task state store in this context: the submission record "
+                "is kept in the %s",
+                job.stage_id,
+                StorageStateStore.kind,
+            )
+        else:
+            self.state_store_kind = "airflow"
+        mixin_context: Any = {"task_state_store": store}  # the Context keys the mixin reads
+        ti = context.get("ti")
+        if ti is not None and hasattr(ti, "stats_tags"):
+            mixin_context["ti"] = ti
+        resumable = ResumableSubmission(self, job, code, durable=durable)
+        self.resumable = resumable
+        try:
+            return resumable.execute_resumable(mixin_context)
+        except DriverLost as lost:
+            # the reattached driver is gone: its record now reads LOST, so this submits afresh
+            self.log.info("%s: submitting a new driver", lost)
+            previous = resumable.previous
+            resumable = ResumableSubmission(self, job, code, durable=durable)
+            self.resumable = resumable
+            outcome = resumable.execute_resumable(mixin_context)
+            resumable.previous = resumable.previous or previous
+            return outcome
 
     def _env(self) -> dict[str, str]:
         env = {
@@ -482,6 +484,9 @@ class SubmitLauncher:
         return conf
 
     def make_hook(self, job: DriverJob, spec_uri: str) -> Any:
+        if self.target.is_cluster_deploy and self.target.master.startswith("spark://"):
+            # resolve_target refuses it already; a last guard before anything is submitted
+            raise UnsupportedDeployModeError(STANDALONE_PYTHON_CLUSTER_MODE)
         kwargs: dict[str, Any] = {
             "conf": self._conf(),
             "name": f"{self.app_name}-{job.submission_id}",
@@ -500,42 +505,6 @@ class SubmitLauncher:
 
     def _master_overridden(self) -> bool:
         return "master from spark_master" in self.target.source
-
-    def _submit(self, files: Files, job: DriverJob, code: bytes | None) -> DriverOutcome:
-        sid = job.submission_id
-        if code is not None:
-            files.write(sid, "code.pkl", code)
-        spec_uri = files.write(sid, "spec.json", job.to_json())
-        record = {
-            "submission_id": sid,
-            "submitted_at": time.time(),
-            "master": self.target.master,
-            "deploy_mode": self.target.deploy_mode,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        files.write(None, "current.json", json.dumps(record, sort_keys=True).encode())
-        self._submission = sid
-        self.log.info(
-            "stage %s: spark-submit of submission %s (%s), job %s",
-            job.stage_id,
-            sid,
-            self.target.describe(),
-            spec_uri,
-        )
-        self.hook = self.make_hook(job, spec_uri)
-        failure: Exception | None = None
-        try:
-            self.hook.submit(application=driver_script())
-        except Exception as exc:  # the result file tells more than spark-submit's exit code
-            failure = exc
-        result = files.read_json(sid, "result.json")
-        if result is None:
-            raise DriverError(
-                f"stage {job.stage_id!r}: the Spark driver of submission {sid} ended without a "
-                f"result ({files.path(sid, 'result.json')}): {failure or 'spark-submit returned 0'}"
-            ) from failure
-        return self._outcome(files, sid, result, reconnected=False)
 
     def _outcome(
         self, files: Files, sid: str, doc: Mapping[str, Any], *, reconnected: bool
@@ -561,7 +530,7 @@ class SubmitLauncher:
 
     def on_kill(self) -> None:
         """Stop the driver: the hook's on_kill (spark-submit, YARN app, driver pod) plus the
-        cancel marker every driver checks with its heartbeat (also a reconnected one)."""
+        cancel marker every driver checks with its heartbeat (also a reattached one)."""
         self._killed = True
         if self._files is not None and self._submission is not None:
             try:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -179,8 +180,11 @@ def test_operator_submits_and_hands_the_driver_epoch_to_closing(
     coordinator.register(StageGraph.from_edges(["s"], []))
     seen: dict[str, Any] = {}
 
-    def fake_run(self: submit.SubmitLauncher, job: submit.DriverJob, code: Any) -> Any:
+    def fake_run(
+        self: submit.SubmitLauncher, job: submit.DriverJob, code: Any, context: Any = None
+    ) -> Any:
         seen["job"] = job
+        seen["context"] = context
         seen["target"] = self.target
         eod = EndOfData(manifest=["data/s/x"])
         return submit.DriverOutcome(
@@ -203,3 +207,224 @@ def test_operator_submits_and_hands_the_driver_epoch_to_closing(
     assert run.result.end_of_data is not None and run.result.end_of_data.manifest == ["data/s/x"]
     assert seen["target"].deploy_mode == "client" and seen["job"].splits == ("a",)
     assert ti.xcoms[SPARK_SUBMISSION_KEY]["epoch"] == 7
+    assert seen["context"] == {"ti": ti}  # the task's context reaches the resumable job
+
+
+# ----------------------------------------------------------------------------- resumable job
+
+
+class _StateStore:
+    """What ``context["task_state_store"]`` offers (get/set), in memory."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: Any, **_kw: Any) -> None:
+        assert value is not None
+        self.values[key] = json.loads(json.dumps(value))  # JSON, as the real store keeps it
+
+
+class _Hook:
+    """A SparkSubmitHook stand-in: submit() runs a 'driver' that writes result.json."""
+
+    def __init__(self, files: submit.Files, submitted: list[str], **kwargs: Any) -> None:
+        self.files, self.submitted, self.kwargs = files, submitted, kwargs
+
+    def submit(self, application: str) -> None:
+        spec = self.kwargs["application_args"][1]
+        sid = json.loads(Path(spec).read_bytes())["submission_id"]
+        self.submitted.append(sid)
+        doc = {"result": {"status": "finished", "epoch": 9, "processed_splits": ["a"]}}
+        self.files.write(sid, "result.json", json.dumps(doc).encode())
+
+    def on_kill(self) -> None:
+        pass
+
+
+def _launcher(
+    tmp_path: Path, submitted: list[str], stale_s: float = 30.0
+) -> tuple[submit.SubmitLauncher, submit.Files]:
+    from airflow_finalckpt.spark.launch import SparkTarget
+
+    storage = CheckpointStorage(str(tmp_path / "ckpt"))
+    files = submit.Files(storage, "nyc", "enrich")
+    launcher = submit.SubmitLauncher(
+        SparkTarget(ExecutionMode.SUBMIT, "spark://m:7077", "client"),
+        storage,
+        store_url="sqlite://",
+        store_url_masked="sqlite://",
+        poll_interval_s=0.05,
+        heartbeat_stale_s=stale_s,
+        hook_factory=lambda **kw: _Hook(files, submitted, **kw),
+    )
+    return launcher, files
+
+
+def _job(launcher: submit.SubmitLauncher) -> tuple[submit.DriverJob, Any]:
+    return launcher.build_job(
+        pipeline_key="nyc",
+        stage_id="enrich",
+        splits=["a"],
+        batch_size=1,
+        checkpoint_interval_s=60,
+        commit_mode="progressive",
+        upstream_manifests={},
+        transform=lambda ctx: None,
+        on_finish=None,
+        sinks=[],
+    )
+
+
+def _record(sid: str, **extra: Any) -> dict[str, Any]:
+    return {"submission_id": sid, "pipeline_key": "nyc", "stage_id": "enrich",
+            "submitted_at": time.time(), **extra}  # fmt: skip
+
+
+def test_first_try_records_the_submission_in_the_task_state_store(tmp_path: Path) -> None:
+    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+
+    submitted: list[str] = []
+    launcher, files = _launcher(tmp_path, submitted)
+    store = _StateStore()
+    recorded_before_submit: list[Any] = []
+
+    class RecordCheckingHook(_Hook):
+        def submit(self, application: str) -> None:
+            recorded_before_submit.append(store.get(SUBMISSION_STATE_KEY))
+            super().submit(application)
+
+    launcher.hook_factory = lambda **kw: RecordCheckingHook(files, submitted, **kw)
+    job, code = _job(launcher)
+    outcome = launcher.run(job, code, {"task_state_store": store})
+    assert submitted == [job.submission_id] and not outcome.reconnected and outcome.epoch == 9
+    # the record is in the store before spark-submit starts: no driver no try knows of
+    assert recorded_before_submit[0]["submission_id"] == job.submission_id
+    record = store.get(SUBMISSION_STATE_KEY)
+    assert record["submission_id"] == job.submission_id and record["stage_id"] == "enrich"
+    assert launcher.state_store_kind == "airflow" and launcher.resumable.previous is None
+    assert not files.exists(None, "current.json")  # the task state store replaces it
+
+
+def test_a_later_try_reattaches_to_a_running_driver(tmp_path: Path) -> None:
+    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
+
+    submitted: list[str] = []
+    launcher, files = _launcher(tmp_path, submitted)
+    store = _StateStore()
+    store.set(SUBMISSION_STATE_KEY, _record("s1"))
+    files.write("s1", "heartbeat.json", json.dumps({"at": time.time(), "epoch": 3}).encode())
+
+    def finish_later() -> None:
+        time.sleep(0.5)
+        doc = {"result": {"status": "finished", "epoch": 3, "processed_splits": ["a"]}}
+        files.write("s1", "result.json", json.dumps(doc).encode())
+
+    threading.Thread(target=finish_later, daemon=True).start()
+    job, code = _job(launcher)
+    outcome = launcher.run(job, code, {"task_state_store": store})
+    assert outcome.reconnected and outcome.epoch == 3 and outcome.submission_id == "s1"
+    assert outcome.result.processed_splits == ("a",)
+    assert submitted == []  # nothing was submitted
+    assert launcher.resumable.previous == {"submission_id": "s1", "status": "RUNNING"}
+    assert SubmissionStatus.RUNNING in SubmissionStatus.ACTIVE
+
+
+@pytest.mark.parametrize(
+    ("setup", "status"),
+    [
+        ("exited", "EXITED"),  # try 1 saw spark-submit end without a result
+        ("stale", "LOST"),  # heartbeat older than the stale period
+        ("failed", "FAILED"),  # the driver wrote its error
+        ("suspended", "ENDED"),  # a stop with savepoint: the resume submits again
+        ("foreign", "FOREIGN"),  # a record of another pipeline
+    ],
+)
+def test_a_later_try_resubmits_when_the_recorded_driver_is_gone(
+    tmp_path: Path, setup: str, status: str
+) -> None:
+    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+
+    submitted: list[str] = []
+    launcher, files = _launcher(tmp_path, submitted)
+    store = _StateStore()
+    record = _record("s1", **({"exited_at": time.time()} if setup == "exited" else {}))
+    if setup == "foreign":
+        record["pipeline_key"] = "other"
+    store.set(SUBMISSION_STATE_KEY, record)
+    beat_at = time.time() - (60 if setup == "stale" else 0)
+    files.write("s1", "heartbeat.json", json.dumps({"at": beat_at, "epoch": 3}).encode())
+    if setup == "failed":
+        files.write("s1", "result.json", json.dumps({"error": {"type": "X"}}).encode())
+    if setup == "suspended":
+        doc = {"result": {"status": "suspended", "epoch": 3}}
+        files.write("s1", "result.json", json.dumps(doc).encode())
+    job, code = _job(launcher)
+    outcome = launcher.run(job, code, {"task_state_store": store})
+    assert submitted == [job.submission_id] and outcome.epoch == 9 and not outcome.reconnected
+    assert launcher.resumable.previous == {"submission_id": "s1", "status": status}
+    assert store.get(SUBMISSION_STATE_KEY)["submission_id"] == job.submission_id
+
+
+def test_a_reattached_driver_that_dies_is_replaced_in_the_same_try(tmp_path: Path) -> None:
+    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+
+    submitted: list[str] = []
+    launcher, files = _launcher(tmp_path, submitted, stale_s=0.5)
+    store = _StateStore()
+    store.set(SUBMISSION_STATE_KEY, _record("s1"))
+    files.write("s1", "heartbeat.json", json.dumps({"at": time.time(), "epoch": 3}).encode())
+    job, code = _job(launcher)
+    outcome = launcher.run(job, code, {"task_state_store": store})  # s1 never beats again
+    assert submitted == [job.submission_id] and not outcome.reconnected
+
+
+def test_without_a_task_state_store_the_record_goes_to_the_checkpoint_storage(
+    tmp_path: Path,
+) -> None:
+    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+
+    submitted: list[str] = []
+    launcher, files = _launcher(tmp_path, submitted)
+    job, code = _job(launcher)
+    launcher.run(job, code, {})
+    assert launcher.state_store_kind == "checkpoint storage"
+    current = files.read_json(None, "current.json")
+    assert current is not None
+    assert current[SUBMISSION_STATE_KEY]["submission_id"] == job.submission_id
+    # a second "try" without a store reads it back from there (EXITED is not recorded:
+    # the driver finished, its result is taken, nothing is submitted again)
+    again, _ = _job(launcher)
+    outcome = launcher.run(again, code, {})
+    assert submitted == [job.submission_id] and outcome.reconnected
+    assert launcher.resumable.previous["status"] == "FINISHED"
+
+
+def test_a_killed_driver_is_recorded_exited_for_the_next_try(tmp_path: Path) -> None:
+    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+
+    submitted: list[str] = []
+    launcher, files = _launcher(tmp_path, submitted)
+
+    class DeadHook(_Hook):
+        def submit(self, application: str) -> None:
+            raise RuntimeError("spark-submit exited with -9")
+
+    launcher.hook_factory = lambda **kw: DeadHook(files, submitted, **kw)
+    store = _StateStore()
+    job, code = _job(launcher)
+    with pytest.raises(submit.DriverError, match="ended without a result"):
+        launcher.run(job, code, {"task_state_store": store})
+    record = store.get(SUBMISSION_STATE_KEY)
+    assert record["submission_id"] == job.submission_id and record["exited_at"] > 0
+
+
+def test_standalone_cluster_mode_is_a_permanent_error(no_spark_env: pytest.MonkeyPatch) -> None:
+    from airflow_finalckpt.core.errors import is_permanent
+    from airflow_finalckpt.spark.launch import UnsupportedDeployModeError
+
+    with pytest.raises(UnsupportedDeployModeError) as refused:
+        _op(spark_master="spark://m:7077", spark_deploy_mode="cluster")._spark_target()
+    assert is_permanent(refused.value)

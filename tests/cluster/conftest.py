@@ -287,6 +287,24 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     daemon.kill(signal.SIGKILL)
 
 
+@pytest.fixture(scope="session")
+def airflow_dags_folder() -> Path:
+    """Airflow's metadata database migrated (``dag.test()`` needs it) and its dags folder.
+
+    Alone, this is the cluster tests' own AIRFLOW_HOME; in a pytest process that collected
+    ``tests/airflow`` first, its temporary home (configured before Airflow was imported)."""
+    from airflow import settings
+    from airflow.configuration import conf
+    from airflow.utils import db
+
+    if settings.engine is None:
+        settings.configure_orm()
+    db.upgradedb()
+    folder = Path(conf.get("core", "dags_folder"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:

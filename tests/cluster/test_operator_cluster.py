@@ -1,0 +1,463 @@
+"""The stage operator's spark-submit path on a real Spark standalone cluster, through a real
+Airflow ``dag.test()`` (Task SDK context, task state store, retries, inline triggerer).
+
+One stage (6 splits, one per batch) is submitted with ``spark-submit`` in **client** deploy
+mode to the fixture's master and two workers; its batches run a slow Python UDF on the
+executors and write to a Parquet and a SQL sink. While it runs:
+
+1. after the first durable batch, while the second batch's Spark tasks run, one **worker** is
+   SIGKILLed (with its executor): Spark reschedules the tasks on the other worker, the driver
+   goes on;
+2. once three splits are durable (the driver waits at a gate before the fourth), the **driver**
+   (the Python driver and its spark-submit JVM) is SIGKILLed: try 1 fails, Airflow's try 2
+   reads the submission record try 1 left in the task state store (``ResumableJobMixin``),
+   sees the driver EXITED and submits a new one, which processes only the three unfinished
+   splits.
+
+A downstream stage, submitted by its own task, reads the six output parts of both drivers.
+The sinks then hold exactly the rows of one uninterrupted run, every committed sink transaction
+is committed once. **Cluster** deploy mode on standalone is refused for Python applications by
+Spark itself (checked against the real master with the installed pyspark) and, before
+anything is submitted, by the operator: the task fails once, without retries.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.core.model import StageLifecycle
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+from airflow_finalckpt.spark.launch import STANDALONE_PYTHON_CLUSTER_MODE
+from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+from .conftest import (
+    DRIVER_MEMORY,
+    EXECUTOR_MEMORY,
+    PYTHON,
+    SPARK_HOME,
+    StandaloneCluster,
+    spark_env,
+    wait_until,
+)
+
+SPLITS = [str(i) for i in range(6)]
+ROWS = 8  # per split: ids split*ROWS .. split*ROWS+7, over 2 partitions
+GATE_FROM = 3  # splits from here on wait for the gate (the driver kill comes first)
+
+STAGE_DAG = """
+import os
+import time
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+
+
+def squares(ctx):
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    (split,) = ctx.splits
+    n = int(split)
+    if n >= GATE_FROM:
+        deadline = time.time() + 600
+        while not os.path.exists(GATE):
+            if time.time() > deadline:
+                raise RuntimeError("the test never opened the gate")
+            time.sleep(0.2)
+    marks, slow_s = MARKS, SLOW_S
+
+    def slow_square(x):  # runs in the executors' Python workers
+        import os
+        import time
+
+        open(os.path.join(marks, f"running-{n}"), "a").close()
+        time.sleep(slow_s)
+        return x * x
+
+    udf = F.udf(slow_square, T.LongType())
+    frame = ctx.spark.range(n * ROWS, (n + 1) * ROWS, numPartitions=2)
+    return frame.select(F.col("id"), udf(F.col("id")).alias("sq"), F.lit(n).alias("split"))
+
+
+def total(ctx):
+    from pyspark.sql import functions as F
+
+    # this batch's upstream parts, read by the driver a spark-submit of its own started
+    return ctx.read_parts().agg(F.count("id").alias("n"), F.sum("sq").alias("sum_sq"))
+
+
+with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+    squares = FinalCheckpointStageOperator(
+        task_id="squares",
+        transform=squares,
+        splits=SPLITS,
+        batch_size=1,
+        checkpoint_interval=3600.0,
+        sinks=[
+            ParquetTableSink("squares_parquet", OUT + "/parquet"),
+            SqlTableSink("squares_sql", "sqlite:///" + OUT + "/out.db", "squares"),
+        ],
+        spark_master=MASTER,
+        spark_execution="submit",
+        spark_deploy_mode=DEPLOY_MODE,
+        spark_conf=SPARK_CONF,
+        retries=RETRIES,
+        retry_delay=timedelta(seconds=1),
+    )
+    totals = FinalCheckpointStageOperator(
+        task_id="total",
+        transform=total,
+        batch_size=3,
+        checkpoint_interval=3600.0,
+        sinks=[SqlTableSink("total_sql", "sqlite:///" + OUT + "/out.db", "totals")],
+        spark_master=MASTER,
+        spark_execution="submit",
+        spark_deploy_mode=DEPLOY_MODE,
+        spark_conf=SPARK_CONF,
+        retries=0,
+    )
+    squares >> totals
+"""
+
+
+def _executor_removals(event_dir: Path) -> list[dict[str, Any]]:
+    """SparkListenerExecutorRemoved events of every application in the event log dir."""
+    removed = []
+    for app_dir in glob.glob(str(event_dir / "*")):
+        app = None
+        for path in sorted(glob.glob(f"{app_dir}/events_*")) or [app_dir]:
+            with open(path, errors="replace") as fh:
+                lines = fh.readlines()
+            for line in lines:
+                event = json.loads(line)
+                if event.get("Event") == "SparkListenerApplicationStart":
+                    app = event.get("App Name")
+                if event.get("Event") == "SparkListenerExecutorRemoved":
+                    removed.append({"app": app, **event})
+    return removed
+
+
+def _spark_conf(events: Path) -> dict[str, str]:
+    return {
+        "spark.executor.memory": EXECUTOR_MEMORY,
+        "spark.driver.memory": DRIVER_MEMORY,
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.pyspark.python": PYTHON,
+        "spark.shuffle.io.maxRetries": "1",
+        "spark.shuffle.io.retryWait": "1s",
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.dir": f"file://{events}",
+    }
+
+
+@pytest.fixture
+def stage_dag(
+    airflow_dags_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Any]]:
+    """Write the one-stage DAG into Airflow's dags folder (dag.test() needs it parsed) with
+    the finalckpt store and storage of this test; returns a builder taking the DAG's params."""
+    import importlib.util
+
+    from airflow_finalckpt.hooks import finalckpt as hook_module
+
+    store_url = f"sqlite:///{tmp_path}/coordination.db"
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", store_url)
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
+    for name in list(os.environ):
+        if name.startswith("AIRFLOW_CONN_SPARK"):
+            monkeypatch.delenv(name)
+    hook_module.dispose_engines()
+    ensure_schema(make_engine(store_url))
+    written: list[Path] = []
+
+    def build(**params: Any) -> Any:
+        name = f"cluster_dag_{uuid.uuid4().hex[:12]}"
+        header = "".join(f"{key} = {value!r}\n" for key, value in params.items())
+        path = airflow_dags_folder / f"{name}.py"
+        path.write_text(f"DAG_ID = {name!r}\n" + header + STAGE_DAG)
+        written.append(path)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.dag
+
+    yield build
+    for path in written:
+        path.unlink(missing_ok=True)
+    hook_module.dispose_engines()
+
+
+def _ti(dag_run: Any, task_id: str) -> tuple[str, int]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        ti = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == dag_run.dag_id,
+                TaskInstance.run_id == dag_run.run_id,
+                TaskInstance.task_id == task_id,
+            )
+        ).one()
+        return str(ti.state), int(ti.try_number)
+
+
+def _xcom(dag_run: Any, task_id: str, key: str) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(
+                run_id=dag_run.run_id, key=key, task_ids=task_id, dag_ids=dag_run.dag_id
+            )
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)
+
+
+def _task_state(dag_run: Any, task_id: str, key: str) -> Any:
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.scalars(
+            select(TaskStateStoreModel.value).where(
+                TaskStateStoreModel.dag_id == dag_run.dag_id,
+                TaskStateStoreModel.run_id == dag_run.run_id,
+                TaskStateStoreModel.task_id == task_id,
+                TaskStateStoreModel.key == key,
+            )
+        ).first()
+        return None if value is None else json.loads(value)
+
+
+def _finished(coordinator: Coordinator) -> set[str]:
+    try:
+        return set(coordinator.stage("squares").progress.finished_splits)
+    except Exception:  # not registered yet
+        return set()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+def _running_driver(checkpoints: Path) -> dict[str, Any]:
+    """The heartbeat of the one submission of ``squares`` that has no result yet."""
+    beats = [
+        p
+        for p in glob.glob(f"{checkpoints}/**/drivers/squares/*/heartbeat.json", recursive=True)
+        if not os.path.exists(os.path.join(os.path.dirname(p), "result.json"))
+    ]
+    assert len(beats) == 1, beats
+    doc = dict(json.loads(Path(beats[0]).read_text()))
+    doc["submission_id"] = os.path.basename(os.path.dirname(beats[0]))
+    return doc
+
+
+def test_operator_client_mode_survives_worker_and_driver_kills(
+    spark_cluster: StandaloneCluster, stage_dag: Callable[..., Any], tmp_path: Path
+) -> None:
+    events, marks, out = tmp_path / "spark-events", tmp_path / "marks", tmp_path / "out"
+    for d in (events, marks, out):
+        d.mkdir()
+    gate = tmp_path / "gate"
+    dag = stage_dag(
+        SPLITS=SPLITS,
+        ROWS=ROWS,
+        GATE_FROM=GATE_FROM,
+        GATE=str(gate),
+        MARKS=str(marks),
+        SLOW_S=0.4,
+        OUT=str(out),
+        MASTER=spark_cluster.url,
+        DEPLOY_MODE="client",
+        SPARK_CONF=_spark_conf(events),
+        RETRIES=1,
+    )
+    key = f"cluster-op-{uuid.uuid4().hex[:8]}"
+    coordinator = Coordinator(make_engine(f"sqlite:///{tmp_path}/coordination.db"), key)
+    chaos: dict[str, Any] = {}
+
+    def kill_worker_then_driver() -> None:
+        try:
+            # 1. a worker, while the second batch's UDF tasks run on the executors
+            wait_until(
+                lambda: "0" in _finished(coordinator) and (marks / "running-1").exists(),
+                300,
+                "split 0 durable and split 1 running",
+                interval=0.1,
+            )
+            victim = spark_cluster.live_worker_daemons()[0]
+            chaos["worker_finished_before"] = sorted(_finished(coordinator))
+            victim.kill(signal.SIGKILL)
+            chaos["worker"] = victim.name
+            # 2. the driver, once three splits are durable (it then waits at the gate)
+            wait_until(
+                lambda: {"0", "1", "2"} <= _finished(coordinator),
+                300,
+                "three durable splits",
+                interval=0.1,
+            )
+            beat = _running_driver(tmp_path / "checkpoints")
+            driver_pid = int(beat["pid"])
+            jvm_pid = _parent(driver_pid)
+            with open(f"/proc/{jvm_pid}/cmdline", "rb") as fh:
+                assert b"SparkSubmit" in fh.read(), "the driver's parent is not spark-submit"
+            chaos["driver_finished_before"] = sorted(_finished(coordinator))
+            os.kill(driver_pid, signal.SIGKILL)
+            os.kill(jvm_pid, signal.SIGKILL)
+            chaos["driver"] = beat
+        except BaseException as exc:
+            chaos["error"] = repr(exc)
+        finally:
+            gate.touch()
+
+    thread = threading.Thread(target=kill_worker_then_driver, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        dag_run = dag.test(run_conf={"pipeline_key": key})
+        elapsed = time.monotonic() - started
+        thread.join(timeout=30)
+        assert "error" not in chaos, chaos
+        assert "worker" in chaos and "driver" in chaos, chaos
+        assert str(dag_run.state).endswith("success"), dag_run.state
+        assert _ti(dag_run, "squares") == ("success", 2)  # try 1 lost its driver, try 2 won
+        assert _ti(dag_run, "total") == ("success", 1)
+
+        # the worker died mid-stage: the enrich driver of try 1 lost an executor and went on
+        assert chaos["worker_finished_before"] == ["0"]
+        removed = [e for e in _executor_removals(events) if "squares" in str(e["app"])]
+        assert removed, "no executor of the stage's application was removed"
+        assert len(spark_cluster.alive_workers()) == 1
+
+        # the driver died after 3 durable splits: try 2 submitted a new driver (the task state
+        # store said EXITED) that processed only the three unfinished splits
+        assert chaos["driver_finished_before"] == ["0", "1", "2"]
+        sub = _xcom(dag_run, "squares", "spark_submission")
+        assert sub["state_store"] == "airflow", sub
+        assert sub["previous"] == {
+            "submission_id": chaos["driver"]["submission_id"],
+            "status": SubmissionStatus.EXITED,
+        }, sub
+        assert not sub["reconnected"] and sub["submission_id"] != chaos["driver"]["submission_id"]
+        assert sub["epoch"] > int(chaos["driver"]["epoch"])
+        run = _xcom(dag_run, "squares", "stage_run")
+        assert sorted(run["processed_splits"]) == ["3", "4", "5"], run
+        assert run["skipped_splits"] == 3, run
+        record = _task_state(dag_run, "squares", SUBMISSION_STATE_KEY)
+        assert record["submission_id"] == sub["submission_id"], record
+        assert record["pipeline_key"] == key and "exited_at" not in record
+
+        # exactly once: both sinks hold every row once, every transaction committed once
+        expected = sorted((i, i * i, i // ROWS) for i in range(len(SPLITS) * ROWS))
+        parquet = ParquetTableSink("squares_parquet", str(out / "parquet"))
+        sql = SqlTableSink("squares_sql", f"sqlite:///{out}/out.db", "squares")
+        for sink in (parquet, sql):
+            frame = sink.read_pandas()
+            rows = sorted(
+                (int(r.id), int(r.sq), int(r.split)) for r in frame.itertuples(index=False)
+            )
+            assert rows == expected, (sink.sink_id, len(rows))
+        # the downstream stage's own driver read the six parts of both squares drivers
+        totals = SqlTableSink("total_sql", f"sqlite:///{out}/out.db", "totals").read_pandas()
+        assert len(totals) == 2, totals  # 6 parts in batches of 3
+        assert int(totals["n"].sum()) == len(expected)
+        assert int(totals["sum_sq"].sum()) == sum(sq for _, sq, _ in expected)
+        assert sorted(_xcom(dag_run, "total", "stage_run")["processed_splits"]) == sorted(
+            _xcom(dag_run, "squares", "end_of_data")["manifest"]
+        )
+        for stage in ("squares", "total"):
+            assert coordinator.stage(stage).lifecycle is StageLifecycle.CLOSED
+        txns = coordinator.transactions()
+        # the killed driver's open transaction (if it had opened one) is aborted, never committed
+        assert txns and {state for _, state in txns} <= {"COMMITTED", "ABORTED"}, txns
+        ids = [(t.sink_id, t.txn_id) for t, state in txns if state == "COMMITTED"]
+        assert len(ids) == len(set(ids))
+        assert parquet.committed_txn_ids() == {t for s, t in ids if s == parquet.sink_id}
+        assert sql.committed_txn_ids() == {t for s, t in ids if s == sql.sink_id}
+        print(
+            f"\nclient mode through the operator in {elapsed:.0f}s: killed {chaos['worker']} "
+            f"after splits {chaos['worker_finished_before']} (executor removals: "
+            f"{[e.get('Removed Reason') for e in removed]}), killed driver pid "
+            f"{chaos['driver']['pid']} after splits {chaos['driver_finished_before']}; try 2 "
+            f"resubmitted ({sub['previous']}) and processed {run['processed_splits']}"
+        )
+    finally:
+        gate.touch()
+        spark_cluster.ensure_two_workers()
+
+
+def test_standalone_cluster_mode_is_refused_by_spark_and_by_the_operator(
+    spark_cluster: StandaloneCluster, stage_dag: Callable[..., Any], tmp_path: Path
+) -> None:
+    # Spark itself (the installed pyspark) refuses a Python application in cluster mode on a
+    # standalone master: the operator's refusal names a limit that is real
+    app = tmp_path / "app.py"
+    app.write_text("print('never runs')\n")
+    refused = subprocess.run(
+        [
+            os.path.join(SPARK_HOME, "bin", "spark-submit"),
+            "--master",
+            spark_cluster.url,
+            "--deploy-mode",
+            "cluster",
+            str(app),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=spark_env(),
+        check=False,
+    )
+    spark_says = "Cluster deploy mode is currently not supported for python applications"
+    assert refused.returncode != 0 and spark_says in refused.stdout + refused.stderr
+    assert spark_says in STANDALONE_PYTHON_CLUSTER_MODE
+
+    # the operator refuses before submitting anything, once (a permanent error: no retry)
+    out = tmp_path / "out"
+    dag = stage_dag(
+        SPLITS=SPLITS,
+        ROWS=ROWS,
+        GATE_FROM=len(SPLITS),
+        GATE=str(tmp_path / "gate"),
+        MARKS=str(tmp_path),
+        SLOW_S=0.0,
+        OUT=str(out),
+        MASTER=spark_cluster.url,
+        DEPLOY_MODE="cluster",
+        SPARK_CONF={},
+        RETRIES=2,
+    )
+    dag_run = dag.test(run_conf={"pipeline_key": f"cluster-refused-{uuid.uuid4().hex[:8]}"})
+    assert str(dag_run.state).endswith("failed")
+    assert _ti(dag_run, "squares") == ("failed", 1)
+    assert not glob.glob(f"{tmp_path}/checkpoints/**/drivers", recursive=True)
+    assert not out.exists() or not any(out.iterdir())
