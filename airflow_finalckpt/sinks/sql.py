@@ -2,8 +2,13 @@
 
 - write: rows go into ``<table>__staging`` tagged with the transaction id (column
   ``finalckpt_txn_id``), each write in its own database transaction, so staged rows are durable.
+  ``write_spark`` stages from the executors, in parallel: each Spark task opens its own
+  connection and bulk-loads its partition (PostgreSQL ``COPY``, SQLite ``executemany``) in one
+  database transaction that also claims the partition in ``finalckpt_sink_writes``; nothing
+  passes through the driver. The driver then marks the write complete there.
 - precommit: seals the transaction with a row in ``finalckpt_sink_precommits`` (row count,
-  checkpoint id); later writes to it are refused.
+  checkpoint id); later writes to it are refused, and so is a transaction with a Spark write that
+  did not complete (some partitions staged, the job failed).
 - commit: ONE database transaction inserts the commit record into ``finalckpt_sink_commits``
   (primary key sink_id + txn_id) and moves the rows from staging into the target table. If the
   record already exists nothing happens and commit returns False, so a commit replayed after a
@@ -12,9 +17,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -65,6 +75,9 @@ if TYPE_CHECKING:
 
 COMMITS_TABLE = "finalckpt_sink_commits"
 PRECOMMITS_TABLE = "finalckpt_sink_precommits"
+#: Partitions staged by ``write_spark`` (part >= 0) and completed writes (part = WRITE_DONE).
+WRITES_TABLE = "finalckpt_sink_writes"
+WRITE_DONE = -1
 STAGING_SUFFIX = "__staging"
 TXN_COLUMN = "finalckpt_txn_id"
 ID_TYPE = String(200)
@@ -98,6 +111,15 @@ def _bookkeeping_metadata() -> MetaData:
         Column("checkpoint_id", BigInteger, nullable=False),
         Column("rows", BigInteger, nullable=False),
         Column("precommitted_at", Float, nullable=False),
+    )
+    Table(
+        WRITES_TABLE,
+        metadata,
+        Column("sink_id", ID_TYPE, primary_key=True),
+        Column("txn_id", ID_TYPE, primary_key=True),
+        Column("write_id", String(64), primary_key=True),
+        Column("part", Integer, primary_key=True, autoincrement=False),
+        Column("rows", BigInteger, nullable=False),
     )
     return metadata
 
@@ -170,6 +192,7 @@ class SqlTableSink(TwoPhaseCommitSink):
         bookkeeping = _bookkeeping_metadata()
         self._commits = bookkeeping.tables[COMMITS_TABLE]
         self._precommits = bookkeeping.tables[PRECOMMITS_TABLE]
+        self._writes = bookkeeping.tables[WRITES_TABLE]
         self._bookkeeping_ready = False
         self._target: Table | None = None
         self._staging: Table | None = None
@@ -336,8 +359,10 @@ class SqlTableSink(TwoPhaseCommitSink):
         """Transactions with staged rows or a pre-commit record (uncommitted by construction)."""
         self._ensure_bookkeeping()
         query = select(self._precommits.c.txn_id).where(self._precommits.c.sink_id == self.sink_id)
+        writes = select(self._writes.c.txn_id).where(self._writes.c.sink_id == self.sink_id)
         with self.engine.connect() as conn:
             txn_ids = set(conn.execute(query).scalars())
+            txn_ids |= set(conn.execute(writes.distinct()).scalars())
         tables = self._data_tables()
         if tables is not None:
             with self.engine.connect() as conn:
@@ -392,8 +417,102 @@ class SqlTableSink(TwoPhaseCommitSink):
         self.write_arrow(txn_id, pa.Table.from_pandas(frame, preserve_index=False))
 
     def write_spark(self, txn_id: str, df: pyspark.sql.DataFrame) -> None:
-        """Stage a (small) Spark DataFrame, collected to the driver through Arrow."""
-        self.write_arrow(txn_id, df.toArrow())
+        """Stage a Spark DataFrame from the executors, in parallel; no row reaches the driver.
+
+        Each partition is loaded by its Spark task over its own connection (PostgreSQL ``COPY``,
+        SQLite ``executemany``; SQLite takes one writer at a time, so partitions queue on its
+        busy timeout). The executors need this package, SQLAlchemy and the database driver, and
+        must reach the database. A task attempt that finds its partition already staged (retry,
+        speculation) stages nothing. An in-memory SQLite database, which executors cannot
+        reach, is written through the driver.
+        """
+        txn_id = self._check_txn_id(txn_id)
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            self.write_arrow(txn_id, df.toArrow())
+            return
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self._ensure_bookkeeping()
+        zone = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+        tables = self._data_tables(to_arrow_schema(df.schema, timezone=zone))
+        assert tables is not None  # defined from the frame's schema at the latest
+        target, staging = tables
+        unknown = [name for name in df.columns if name not in target.columns]
+        if unknown or len(set(df.columns)) != len(df.columns):
+            raise SinkError(
+                f"sink {self.sink_id!r}: columns {sorted(unknown) or df.columns} are not in "
+                f"table {self.table_name!r} or repeat (it has {list(target.columns.keys())})"
+            )
+        with self.engine.begin() as conn:
+            self._check_open(conn, txn_id)
+        if url.get_backend_name() == "sqlite":  # executors may run elsewhere than the cwd
+            url = url.set(database=os.path.abspath(url.database or ""))
+        spec = _PartitionWrite(
+            url=url.render_as_string(hide_password=False),
+            sink_id=self.sink_id,
+            txn_id=txn_id,
+            write_id=uuid.uuid4().hex,
+            staging_table=staging.name,
+            columns=tuple(df.columns),
+        )
+        with _local_executors_use_this_python(df):
+            staged = df.mapInArrow(spec, "rows long")
+        rows = sum(int(row["rows"]) for row in staged.collect())
+        self._complete_write(txn_id, spec.write_id, rows)
+
+    def _complete_write(self, txn_id: str, write_id: str, rows: int) -> None:
+        """Mark a Spark write complete once its job succeeded (pre-commit checks the marks)."""
+        writes = self._writes
+        of_write = (
+            (writes.c.sink_id == self.sink_id)
+            & (writes.c.txn_id == txn_id)
+            & (writes.c.write_id == write_id)
+        )
+        with self.engine.begin() as conn:
+            self._check_open(conn, txn_id)
+            staged = conn.execute(
+                select(func.coalesce(func.sum(writes.c.rows), 0)).where(
+                    of_write, writes.c.part >= 0
+                )
+            ).scalar_one()
+            if int(staged) != rows:
+                raise SinkTransactionError(
+                    f"sink {self.sink_id!r}: transaction {txn_id!r}: the Spark tasks reported "
+                    f"{rows} rows but their partitions staged {staged}; abort the transaction"
+                )
+            conn.execute(
+                insert(writes).values(
+                    sink_id=self.sink_id,
+                    txn_id=txn_id,
+                    write_id=write_id,
+                    part=WRITE_DONE,
+                    rows=rows,
+                )
+            )
+
+    def _check_writes_complete(self, conn: Connection, txn_id: str) -> None:
+        writes = self._writes
+        of_txn = (writes.c.sink_id == self.sink_id) & (writes.c.txn_id == txn_id)
+        started = set(conn.execute(select(writes.c.write_id).where(of_txn).distinct()).scalars())
+        done = set(
+            conn.execute(
+                select(writes.c.write_id).where(of_txn, writes.c.part == WRITE_DONE)
+            ).scalars()
+        )
+        if started - done:
+            raise SinkTransactionError(
+                f"sink {self.sink_id!r}: transaction {txn_id!r} has a Spark write that did not "
+                "complete (its job failed after staging some partitions); abort the transaction "
+                "and write the data again under a new transaction id"
+            )
+
+    def _forget_writes(self, conn: Connection, txn_id: str) -> None:
+        conn.execute(
+            delete(self._writes).where(
+                self._writes.c.sink_id == self.sink_id, self._writes.c.txn_id == txn_id
+            )
+        )
 
     # -- two-phase commit --------------------------------------------------------------------
 
@@ -414,6 +533,7 @@ class SqlTableSink(TwoPhaseCommitSink):
         with self.engine.begin() as conn:
             if self._commit_record_exists(conn, txn_id):
                 raise AlreadyCommittedError(self.sink_id, txn_id, "pre-commit")
+            self._check_writes_complete(conn, txn_id)
             rows = 0
             if tables is not None:
                 staging = tables[1]
@@ -521,6 +641,7 @@ class SqlTableSink(TwoPhaseCommitSink):
                 .where(self._commits.c.sink_id == self.sink_id, self._commits.c.txn_id == txn_id)
                 .values(rows=moved)
             )
+            self._forget_writes(conn, txn_id)
         return True
 
     def _move_staged_rows(self, conn: Connection, tables: tuple[Table, Table], txn_id: str) -> int:
@@ -548,6 +669,7 @@ class SqlTableSink(TwoPhaseCommitSink):
                 raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
             if tables is not None:
                 conn.execute(delete(tables[1]).where(tables[1].c[TXN_COLUMN] == txn_id))
+            self._forget_writes(conn, txn_id)
             conn.execute(
                 delete(self._precommits).where(
                     self._precommits.c.sink_id == self.sink_id,
@@ -582,3 +704,147 @@ class SqlTableSink(TwoPhaseCommitSink):
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
         return f"SqlTableSink(sink_id={self.sink_id!r}, url={url!r}, table={self.table_name!r})"
+
+
+# -- executor side of write_spark ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _local_executors_use_this_python(df: pyspark.sql.DataFrame) -> Iterator[None]:
+    """On a ``local[*]`` master without ``PYSPARK_PYTHON``, PySpark starts its Python workers
+    with whatever ``python3`` is first on PATH, which may lack this package and its database
+    drivers. The staging UDF is then built with the driver's own interpreter (same machine, same
+    packages). Any other master keeps its configuration: its executors need the package."""
+    context: Any = getattr(df.sparkSession, "_sc", None)  # None on Spark Connect
+    if (
+        context is None
+        or not str(context.master).startswith("local")
+        or "PYSPARK_PYTHON" in os.environ
+        or context.pythonExec == sys.executable
+    ):
+        yield
+        return
+    previous = context.pythonExec
+    context.pythonExec = sys.executable
+    try:
+        yield
+    finally:
+        context.pythonExec = previous
+
+
+@dataclass(frozen=True)
+class _PartitionWrite:
+    """What a Spark task needs to stage its partition (pickled into the task: the URL keeps its
+    password, as for the sink itself)."""
+
+    url: str
+    sink_id: str
+    txn_id: str
+    write_id: str
+    staging_table: str
+    columns: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pyarrow.RecordBatch]) -> Iterator[pyarrow.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        rows = _stage_partition(self, partition, batches)
+        yield pa.RecordBatch.from_pydict({"rows": pa.array([rows], pa.int64())})
+
+
+def _stage_partition(spec: _PartitionWrite, partition: int, batches: Iterator[Any]) -> int:
+    """Stage one partition's rows in one database transaction that also claims the partition
+    in ``finalckpt_sink_writes``: a retried or speculative task attempt whose partition is
+    already claimed writes nothing and reports the claimed count, so no row is staged twice."""
+    from sqlalchemy.pool import NullPool
+
+    engine = make_engine(spec.url, poolclass=NullPool)
+    writes = _bookkeeping_metadata().tables[WRITES_TABLE]
+    key = {
+        "sink_id": spec.sink_id,
+        "txn_id": spec.txn_id,
+        "write_id": spec.write_id,
+        "part": partition,
+    }
+    try:
+        if engine.dialect.name == "sqlite":
+            # Convert before taking SQLite's single write lock, to hold it as briefly as can be.
+            staging = Table(spec.staging_table, MetaData(), autoload_with=engine)
+            rows = [
+                {**row, TXN_COLUMN: spec.txn_id}
+                for batch in batches
+                for row in batch.select(list(spec.columns)).to_pylist()
+            ]
+            with engine.begin() as conn:  # BEGIN IMMEDIATE: partitions queue on the busy timeout
+                claimed = _claim(conn, writes, key)
+                if claimed is not None:
+                    return claimed
+                if rows:
+                    conn.execute(insert(staging), rows)
+                _record_rows(conn, writes, key, len(rows))
+                return len(rows)
+        with engine.begin() as conn:
+            claimed = _claim(conn, writes, key)
+            if claimed is not None:
+                for _ in batches:
+                    pass
+                return claimed
+            count = _copy_into_postgres(conn, spec, batches)
+            _record_rows(conn, writes, key, count)
+            return count
+    finally:
+        engine.dispose()
+
+
+def _claim(conn: Connection, writes: Table, key: dict[str, Any]) -> int | None:
+    """Insert the partition's claim; None if claimed now, else the rows the claimant staged."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    values = {**key, "rows": -1}
+    statement: postgresql.Insert | sqlite.Insert
+    if conn.dialect.name == "postgresql":
+        statement = postgresql.insert(writes).values(values).on_conflict_do_nothing()
+    else:
+        statement = sqlite.insert(writes).values(values).on_conflict_do_nothing()
+    if conn.execute(statement, execution_options=COUNT_ROWS).rowcount == 1:
+        return None
+    where = [writes.c[name] == value for name, value in key.items()]
+    return int(conn.execute(select(writes.c.rows).where(*where)).scalar_one())
+
+
+def _record_rows(conn: Connection, writes: Table, key: dict[str, Any], rows: int) -> None:
+    where = [writes.c[name] == value for name, value in key.items()]
+    conn.execute(update(writes).where(*where).values(rows=rows))
+
+
+def _copy_into_postgres(conn: Connection, spec: _PartitionWrite, batches: Iterator[Any]) -> int:
+    """``COPY ... FROM STDIN`` in CSV written by pyarrow's C++ writer (rows one by one through
+    psycopg only for binary columns, which CSV cannot carry)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.types as pat
+
+    names = ", ".join(f'"{name}"' for name in (TXN_COLUMN, *spec.columns))
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    count = 0
+    options = pacsv.WriteOptions(include_header=False)
+    statement = f'COPY "{spec.staging_table}" ({names}) FROM STDIN (FORMAT csv)'
+    with driver.cursor() as cursor, cursor.copy(statement) as copy:
+        for batch in batches:
+            batch = batch.select(list(spec.columns))
+            if batch.num_rows == 0:
+                continue
+            count += batch.num_rows
+            txn = pa.array([spec.txn_id] * batch.num_rows, pa.string())
+            table = pa.Table.from_batches([batch]).add_column(0, TXN_COLUMN, txn)
+            if any(pat.is_binary(f.type) or pat.is_large_binary(f.type) for f in table.schema):
+                for row in zip(*(column.to_pylist() for column in table.columns), strict=True):
+                    copy.write_row(row)
+                continue
+            sink = pa.BufferOutputStream()
+            pacsv.write_csv(table, sink, options)
+            copy.write(sink.getvalue().to_pybytes())
+    return count

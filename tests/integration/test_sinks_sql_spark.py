@@ -1,0 +1,166 @@
+"""SqlTableSink.write_spark on real Spark (local[2]) into a real SQLite file and a real PostgreSQL
+database: the executors stage their partitions in parallel (COPY / executemany), nothing is
+collected into the driver, retried task attempts stage nothing twice, a failed Spark write cannot
+be pre-committed, and the commit moves the staged rows in one database transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from sqlalchemy import func, select, text
+
+from airflow_finalckpt.core.model import SinkTransaction
+from airflow_finalckpt.sinks import SinkTransactionError, SqlTableSink
+from airflow_finalckpt.sinks.sql import (
+    WRITES_TABLE,
+    _PartitionWrite,
+    _stage_partition,
+)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'spark_sinks.sqlite'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def make_sink(db_url: str) -> Iterator:
+    created: list[SqlTableSink] = []
+    table = f"orders_{uuid.uuid4().hex[:8]}"
+
+    def factory(**options: object) -> SqlTableSink:
+        sink = SqlTableSink("spark_orders", db_url, table, **options)  # type: ignore[arg-type]
+        created.append(sink)
+        return sink
+
+    yield factory
+    for sink in created:
+        sink.dispose()
+
+
+def orders(spark: SparkSession, first: int, count: int, partitions: int = 8) -> DataFrame:
+    return (
+        spark.range(first, first + count, numPartitions=partitions)
+        .withColumnRenamed("id", "order_id")
+        .withColumn("amount", (F.col("order_id") * 1.5).cast("double"))
+        .withColumn("price", (F.col("order_id") / 4).cast("decimal(10,2)"))
+        .withColumn("day", F.date_add(F.lit(date(2024, 1, 1)), F.col("order_id").cast("int")))
+        .withColumn(
+            "at",
+            F.timestamp_seconds(F.lit(1_704_067_200) + F.col("order_id")),
+        )
+        .withColumn(
+            "customer",
+            F.when(F.col("order_id") % 5 == 0, None)
+            .when(F.col("order_id") % 5 == 1, "")
+            .otherwise(F.concat(F.lit('c,"'), F.col("order_id").cast("string"), F.lit("\n"))),
+        )
+        .withColumn("vip", F.col("order_id") % 2 == 0)
+    )
+
+
+def staged_rows(sink: SqlTableSink) -> int:
+    with sink.engine.connect() as conn:
+        query = text(f'SELECT count(*) FROM "{sink.staging_table_name}"')
+        return int(conn.execute(query).scalar_one())
+
+
+def write_records(sink: SqlTableSink) -> int:
+    with sink.engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {WRITES_TABLE}")).scalar_one())
+
+
+def test_partitions_stage_in_parallel_and_commit_once(spark: SparkSession, make_sink) -> None:
+    sink = make_sink()
+    sink.write_spark("t-b0", orders(spark, 0, 400))
+    sink.write_spark("t-b0", orders(spark, 400, 100, partitions=3))  # a second write, same txn
+    assert staged_rows(sink) == 500 and sink.read_pandas().empty
+    txn = sink.precommit("t-b0", 1)
+    assert txn.payload["rows"] == 500
+
+    restored = make_sink()
+    assert restored.commit(SinkTransaction.model_validate_json(txn.model_dump_json())) is True
+    assert restored.commit(txn) is False
+    data = sink.read_pandas().sort_values("order_id").reset_index(drop=True)
+    assert data["order_id"].tolist() == list(range(500))
+    assert staged_rows(sink) == 0 and write_records(sink) == 0
+    assert sink.staged_txn_ids() == set()
+
+    row = data.iloc[6]
+    assert row["amount"] == 9.0 and Decimal(str(row["price"])) == Decimal("1.50")
+    assert str(row["day"])[:10] == "2024-01-07" and row["customer"] == ""
+    assert data.iloc[5]["customer"] is None and data.iloc[7]["customer"] == 'c,"7\n'
+    assert bool(data.iloc[6]["vip"]) is True
+    at = row["at"]
+    at = at if isinstance(at, datetime) else datetime.fromisoformat(str(at))
+    expected = datetime(2024, 1, 1, 0, 0, 6, tzinfo=UTC)
+    assert at.replace(tzinfo=at.tzinfo or UTC) == expected
+
+
+def test_key_columns_upsert_from_spark(spark: SparkSession, make_sink) -> None:
+    sink = make_sink(key_columns=["order_id"])
+    sink.write_spark("a", orders(spark, 0, 50).select("order_id", "amount"))
+    sink.commit(sink.precommit("a", 1))
+    update = orders(spark, 40, 20).select("order_id", (F.col("amount") * 0 - 1).alias("amount"))
+    sink.write_spark("b", update)
+    sink.commit(sink.precommit("b", 2))
+    data = sink.read_pandas().set_index("order_id")["amount"]
+    assert len(data) == 60 and data[39] == 58.5 and data[40] == -1 and data[59] == -1
+
+
+def test_a_retried_task_attempt_stages_nothing_twice(make_sink) -> None:
+    """What a second attempt of one partition's task (Spark retry or speculation) does when the
+    first attempt's database transaction committed: it finds the claim and stages nothing."""
+    sink = make_sink()
+    batch = pa.RecordBatch.from_pydict({"order_id": [1, 2, 3], "amount": [1.0, 2.0, 3.0]})
+    sink.write_arrow("seed", pa.Table.from_batches([batch]).slice(0, 0))  # creates the tables
+    url = sink.engine.url.render_as_string(hide_password=False)
+    spec = _PartitionWrite(url, sink.sink_id, "t1", "w1", sink.staging_table_name, ("order_id",))
+    assert _stage_partition(spec, 0, iter([batch])) == 3
+    assert _stage_partition(spec, 0, iter([batch])) == 3  # the retry: same count, no rows
+    assert _stage_partition(spec, 1, iter([batch.slice(0, 1)])) == 1
+    assert staged_rows(sink) == 4
+    with pytest.raises(SinkTransactionError, match="did not complete"):
+        sink.precommit("t1", 1)  # the driver never marked write w1 complete
+    sink._complete_write("t1", "w1", 4)
+    assert sink.precommit("t1", 1).payload["rows"] == 4
+
+
+def test_a_failed_spark_write_cannot_be_precommitted(spark: SparkSession, make_sink) -> None:
+    sink = make_sink()
+    sink.write_spark("kept", orders(spark, 0, 10))
+    sink.commit(sink.precommit("kept", 1))
+
+    # The last partition fails while Spark computes it; the others may be staged already.
+    explode_late = F.when(F.col("order_id") >= 90, F.raise_error(F.lit("boom"))).otherwise("ok")
+    bad = orders(spark, 0, 100, partitions=4).withColumn("customer", explode_late)
+    with pytest.raises(Exception, match="boom"):
+        sink.write_spark("doomed", bad)
+    with pytest.raises(SinkTransactionError, match="did not complete"):
+        sink.precommit("doomed", 2)
+    assert "doomed" in sink.staged_txn_ids()
+    sink.abort(SinkTransaction(sink_id=sink.sink_id, txn_id="doomed", checkpoint_id=None))
+    assert staged_rows(sink) == 0 and sink.staged_txn_ids() == set()
+    with sink.engine.connect() as conn:
+        target = sink._data_tables()[0]  # type: ignore[index]
+        assert conn.execute(select(func.count()).select_from(target)).scalar_one() == 10
+
+
+def test_sealed_transaction_refuses_a_spark_write(spark: SparkSession, make_sink) -> None:
+    sink = make_sink()
+    sink.write_spark("t", orders(spark, 0, 5))
+    sink.precommit("t", 1)
+    with pytest.raises(SinkTransactionError, match="sealed"):
+        sink.write_spark("t", orders(spark, 5, 5))
+    assert staged_rows(sink) == 5
