@@ -123,3 +123,106 @@ def test_stage_tasks_emit_their_tables_schema_and_rows(airflow_home: Any, tmp_pa
     assert (counts["namespace"], counts["name"]) == ("file", str(out / "counts"))
     assert counts["outputFacets"]["outputStatistics"]["rowCount"] == 3  # n = 1, 2, 3
     assert {f["name"] for f in counts["facets"]["schema"]["fields"]} == {"n", "count"}
+
+
+EXAMPLE_DAG = """
+from airflow_finalckpt.examples.nycflights13.branching import build_branching_dag
+
+dag = build_branching_dag(
+    DAG_ID, input_dir=INPUT, output_dir=OUT_DIR, days=DAYS, retries=0, lakehouse=True
+)
+"""
+EXAMPLE_DAYS = 2
+
+
+def test_example_dag_emits_every_sink_with_schema_and_rows(
+    airflow_home: Any, tmp_path: Path
+) -> None:
+    """The branching example (lakehouse sinks on) in a real ``dag.test()`` with the provider's
+    file transport: every stage task completes with an event; ``publish`` and ``carrier_daily``
+    report each of their tables (Parquet, SQL, Iceberg, Delta) under its OpenLineage name, with
+    the table's columns in the schema facet and the rows committed, equal to the pandas
+    reference's row counts."""
+    from airflow_finalckpt.examples.nycflights13.branching import STAGE_IDS
+    from airflow_finalckpt.examples.nycflights13.data import first_days
+    from airflow_finalckpt.examples.nycflights13.reference import (
+        CARRIER_DAILY_COLUMNS,
+        WINDOW_COLUMNS,
+        reference_carrier_daily,
+        reference_pipeline,
+    )
+
+    suffix = uuid.uuid4().hex[:8]
+    dag_id, out = f"lineage_example_{suffix}", tmp_path / "out"
+    dag_file = airflow_home.dags_folder / f"test_dag_lineage_example_{suffix}.py"
+    dag_file.write_text(
+        f"DAG_ID = {dag_id!r}\nOUT_DIR = {str(out)!r}\nINPUT = {str(tmp_path / 'input')!r}\n"
+        f"DAYS = {EXAMPLE_DAYS}\n" + EXAMPLE_DAG
+    )
+    events_file, state = tmp_path / "openlineage.json", str(tmp_path / "state")
+    env = {
+        **os.environ,
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+            {"type": "file", "log_file_path": str(events_file), "append": True}
+        ),
+        "AIRFLOW__FINALCKPT__STORE_URL": f"sqlite:///{tmp_path}/coordination.db",
+        "AIRFLOW__FINALCKPT__STORAGE_URI": str(tmp_path / "checkpoints"),
+    }
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(RUN_DAG), str(dag_file), f"ol.{suffix}", state],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        dag_file.unlink(missing_ok=True)
+    result = Path(state).read_text() if Path(state).exists() else None
+    assert result is not None and result.endswith("success"), (
+        child.returncode,
+        child.stdout[-3000:],
+        child.stderr[-3000:],
+    )
+
+    done = completes(events_file)
+    assert {f"{dag_id}.{sid}" for sid in STAGE_IDS} <= set(done)
+    days = first_days(EXAMPLE_DAYS)
+    windows = len(reference_pipeline(days).windows)
+    carriers = len(reference_carrier_daily(days))
+    assert windows > 0 and carriers > 0
+    expected = {
+        "publish": (
+            {
+                ("file", str(out / "delay_windows")),
+                # namespace: the database's SQLAlchemy URL (sqlite:////absolute/path.db)
+                (f"sqlite:///{out / 'delay_windows.db'}", "delay_windows"),
+                ("iceberg://finalckpt", "nycflights13.delay_windows"),
+                ("file", str(out / "delta" / "delay_windows")),
+            },
+            set(WINDOW_COLUMNS),
+            windows,
+        ),
+        "carrier_daily": (
+            {
+                ("file", str(out / "carrier_daily")),
+                ("iceberg://finalckpt", "nycflights13.carrier_daily"),
+                ("file", str(out / "delta" / "carrier_daily")),
+            },
+            set(CARRIER_DAILY_COLUMNS),
+            carriers,
+        ),
+    }
+    for stage, (names, columns, rows) in expected.items():
+        outputs = {(d["namespace"], d["name"]): d for d in done[f"{dag_id}.{stage}"]["outputs"]}
+        assert set(outputs) == names, (stage, sorted(outputs))
+        for name, dataset in outputs.items():
+            fields = {f["name"]: f["type"] for f in dataset["facets"]["schema"]["fields"]}
+            assert set(fields) == columns, (stage, name, fields)
+            assert dataset["outputFacets"]["outputStatistics"]["rowCount"] == rows, (stage, name)
+        iceberg = next(d for (ns, _), d in outputs.items() if ns.startswith("iceberg://"))
+        types = {f["name"]: f["type"] for f in iceberg["facets"]["schema"]["fields"]}
+        assert types["flights"] == "long" and types["avg_dep_delay"] == "double", types
+    # stages without sinks report no outputs
+    for stage in ("ingest", "weather", "enrich", "delay_windows"):
+        assert done[f"{dag_id}.{stage}"]["outputs"] == [], stage
