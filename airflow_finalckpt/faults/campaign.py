@@ -39,11 +39,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_finalckpt.faults.concurrent import CONCURRENT
 from airflow_finalckpt.faults.fake import FAKE_STAGES, FakeData
 from airflow_finalckpt.faults.injector import FaultSpec, read_events
-from airflow_finalckpt.faults.points import FAILING_ACTIONS, POINTS, Action
+from airflow_finalckpt.faults.points import FAILING_ACTIONS, POINTS, Action, Layer
 from airflow_finalckpt.faults.verify import KNOWN_ISSUES, Verdict
 from airflow_finalckpt.faults.worker import (
+    DEFAULT_SINKS,
     FAKE,
+    SINK_KINDS,
     SPARK,
+    TABLE_SINKS,
     AttemptJob,
     AttemptOutcome,
     RunSetup,
@@ -71,7 +74,20 @@ ACTION_WEIGHTS = {
     Action.ZOMBIE: 2,
 }
 #: Points that need a preparing fault in the attempt before (only a recovery passes them).
-NEEDS_ORPHAN = frozenset({"sink-before-abort"})
+NEEDS_ORPHAN = frozenset({"sink-before-abort", "sink-mid-abort"})
+#: With table-format sinks in a run, this share of its sink-layer faults targets one of them.
+TABLE_SINK_SHARE = 0.85
+#: With table-format sinks, this share of the random runs faults a sink-layer or commit point.
+SINK_FOCUS = 0.5
+SINK_FOCUS_POINTS = (
+    "sink-mid-write",
+    "sink-after-precommit",
+    "before-commit",
+    "mid-commit",
+    "sink-mid-commit",
+    "sink-before-abort",
+    "sink-mid-abort",
+)
 #: Points that need checkpoints to be discarded by retention.
 NEEDS_DISCARD = frozenset({"metadata-before-discard", "metadata-mid-discard"})
 
@@ -162,9 +178,20 @@ def _spec(
     nth: int | None = None,
     stage: str | None = None,
     any_stage: bool = False,
+    sinks: Sequence[str] = DEFAULT_SINKS,
+    sink: str | None = None,
 ) -> FaultSpec:
     point = POINTS[name]
     chosen = action or _action(rng, point.actions, spark)
+    tables = [kind for kind in sinks if kind in TABLE_SINKS]
+    if (
+        sink is None and point.layer is Layer.SINK and tables
+    ):  # no draw without them: default plans unchanged
+        others = [kind for kind in sinks if kind not in TABLE_SINKS]
+        if others and rng.random() >= TABLE_SINK_SHARE:
+            sink = rng.choice(others)
+        else:
+            sink = rng.choice(tables)
     if point.sink_stage_only:
         stage = SINK_STAGE
     elif stage is None and not any_stage and rng.random() < 0.7:
@@ -177,6 +204,7 @@ def _spec(
         stage=stage,
         nth=nth,
         delay_s=round(rng.uniform(0.05, 1.2), 3) if chosen is Action.DELAY else 0.0,
+        sink=sink,
     )
 
 
@@ -188,9 +216,12 @@ def _plan_run(
     coverage: str | None = None,
     action: Action | None = None,
     kill: bool = False,
+    sinks: Sequence[str] = DEFAULT_SINKS,
+    coverage_sink: str | None = None,
 ) -> RunPlan:
-    """One run's plan: ``coverage`` arms ``action`` at that point (nth 1, any stage); ``kill``
-    makes it an external SIGKILL at a random time; otherwise a random point."""
+    """One run's plan: ``coverage`` arms ``action`` at that point (nth 1, any stage; in the
+    sink of kind ``coverage_sink`` if given); ``kill`` makes it an external SIGKILL at a random
+    time; otherwise a random point."""
     spark = kind == SPARK
     names = sorted(POINTS)
     batch_sizes: dict[str, int | str]
@@ -213,8 +244,17 @@ def _plan_run(
     attempts: list[tuple[FaultSpec, ...]] = []
     kills: list[float | None] = []
     if coverage is not None:
-        purpose = f"coverage of {coverage}"
-        first = _spec(rng, coverage, spark, action=action, nth=1, any_stage=True)
+        purpose = f"coverage of {coverage}" + (f" in {coverage_sink}" if coverage_sink else "")
+        first = _spec(
+            rng,
+            coverage,
+            spark,
+            action=action,
+            nth=1,
+            any_stage=True,
+            sinks=sinks,
+            sink=coverage_sink,
+        )
         if coverage in NEEDS_ORPHAN:
             # a crash after the sinks staged a batch leaves orphans for the recovery to abort
             attempts.append((FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE),))
@@ -233,14 +273,23 @@ def _plan_run(
         batch_sizes = dict.fromkeys(FAKE_STAGES, 1)
         fake = FakeData(splits=8).to_dict()
         kills.append(round(rng.uniform(0.05, 0.4), 2))
+    elif any(kind in TABLE_SINKS for kind in sinks) and rng.random() < SINK_FOCUS:
+        # the table sinks are what such a campaign is about: half its random runs fault them
+        first_choice = rng.choice(SINK_FOCUS_POINTS)
+        purpose = f"random in a sink: {first_choice}"
+        if first_choice in NEEDS_ORPHAN:
+            attempts.append((FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE),))
+            kills.append(None)
+        attempts.append((_spec(rng, first_choice, spark, sinks=sinks),))
+        kills.append(None)
     else:
         purpose = "random"
         first_choice = rng.choice([n for n in names if n not in NEEDS_ORPHAN])
-        attempts.append((_spec(rng, first_choice, spark),))
+        attempts.append((_spec(rng, first_choice, spark, sinks=sinks),))
         kills.append(None)
     if rng.random() < 0.3:
         follow = rng.choice([n for n in names if Action.CRASH in POINTS[n].actions])
-        attempts.append((_spec(rng, follow, spark, action=Action.CRASH),))
+        attempts.append((_spec(rng, follow, spark, action=Action.CRASH, sinks=sinks),))
         kills.append(None)
     return RunPlan(
         index=index,
@@ -257,19 +306,32 @@ def _plan_run(
     )
 
 
-def plan_campaign(runs: int, seed: int, spark_runs: int = 0) -> list[RunPlan]:
-    """``runs`` plans (``spark_runs`` of them on Spark), deterministic for a seed.
+def plan_campaign(
+    runs: int, seed: int, spark_runs: int = 0, sinks: Sequence[str] = DEFAULT_SINKS
+) -> list[RunPlan]:
+    """``runs`` plans (``spark_runs`` of them on Spark), deterministic for a seed. With
+    table-format ``sinks`` (Iceberg, Delta) most sink-layer faults target one of them.
 
     The first fake runs cover every fault point once, in a seeded order, spreading the actions
-    (each point gets one of its least used actions so far); the next fake run is an external
-    SIGKILL at a random time; the other runs draw points and actions at random.
+    (each point gets one of its least used actions so far), every sink-layer point once per
+    table-format sink; the next fake run is an external SIGKILL at a random time; the other
+    runs draw points and actions at random.
     """
     if runs < 1 or not 0 <= spark_runs <= runs:
         raise ValueError(f"need runs >= 1 and 0 <= spark runs <= runs, got {runs}, {spark_runs}")
     rng = random.Random(seed)
     kinds = [SPARK] * spark_runs + [FAKE] * (runs - spark_runs)
     rng.shuffle(kinds)
-    coverage = sorted(POINTS)
+    tables = [kind for kind in sinks if kind in TABLE_SINKS]
+    coverage: list[tuple[str, str | None]]
+    if tables:
+        coverage = [
+            (name, table)
+            for name in sorted(POINTS)
+            for table in (tables if POINTS[name].layer is Layer.SINK else [None])
+        ]
+    else:
+        coverage = [(name, None) for name in sorted(POINTS)]
     rng.shuffle(coverage)
     used: Counter[Action] = Counter()
     kill_planned = False
@@ -277,16 +339,26 @@ def plan_campaign(runs: int, seed: int, spark_runs: int = 0) -> list[RunPlan]:
     for index, kind in enumerate(kinds):
         sub = random.Random(rng.getrandbits(64))
         if kind == FAKE and coverage:
-            point = coverage.pop(0)
+            point, table = coverage.pop(0)
             fewest = min(used[a] for a in POINTS[point].actions)
             action = sub.choice([a for a in POINTS[point].actions if used[a] == fewest])
             used[action] += 1
-            plans.append(_plan_run(index, kind, sub, coverage=point, action=action))
+            plans.append(
+                _plan_run(
+                    index,
+                    kind,
+                    sub,
+                    coverage=point,
+                    action=action,
+                    sinks=sinks,
+                    coverage_sink=table,
+                )
+            )
         elif kind == FAKE and not kill_planned:
             kill_planned = True
-            plans.append(_plan_run(index, kind, sub, kill=True))
+            plans.append(_plan_run(index, kind, sub, kill=True, sinks=sinks))
         else:
-            plans.append(_plan_run(index, kind, sub))
+            plans.append(_plan_run(index, kind, sub, sinks=sinks))
     return plans
 
 
@@ -369,6 +441,8 @@ class Environment:
     pg_admin_url: str = DEFAULT_PG_ADMIN_URL
     spark_days: int = DEFAULT_SPARK_DAYS
     gc_grace_s: float | None = 0.0
+    #: The sink kinds of every run's last stage (see worker.SINK_KINDS).
+    sinks: tuple[str, ...] = DEFAULT_SINKS
     template_db: Path | None = None
     pg_url: str | None = None
     input_dir: str | None = None
@@ -454,7 +528,10 @@ class Environment:
             parquet_dir=str(run_dir / "out_parquet"),
             sql_url=sql_url,
             sql_table=f"out_{plan.run_id}",
-            sink_ids=(f"parquet_{plan.run_id}", f"sql_{plan.run_id}"),
+            sink_ids=tuple(f"{kind}_{plan.run_id}" for kind in self.sinks),
+            sinks=self.sinks,
+            iceberg_warehouse=str(run_dir / "iceberg") if "iceberg" in self.sinks else None,
+            delta_dir=str(run_dir / "out_delta") if "delta" in self.sinks else None,
             batch_sizes=plan.batch_sizes,
             commit_mode=plan.commit_mode,
             checkpoint_interval_s=plan.checkpoint_interval_s,
@@ -522,7 +599,10 @@ def _classify(outcome: AttemptOutcome, kill_planned: bool) -> tuple[str | None, 
 
 
 def _spec_fields(event: dict[str, Any]) -> dict[str, Any]:
-    return {k: event[k] for k in ("point", "action", "stage", "nth", "delay_s")}
+    fields = {k: event[k] for k in ("point", "action", "stage", "nth", "delay_s")}
+    if event.get("sink") is not None:
+        fields["sink"] = event["sink"]
+    return fields
 
 
 def stale_commits(events: Sequence[dict[str, Any]]) -> list[str]:
@@ -584,14 +664,22 @@ def verify_against(
     engine = make_engine(setup.store_url)
     sinks = make_sinks(setup)
     try:
+        coordinator = Coordinator(engine, setup.pipeline_key)
+        storage = CheckpointStorage(setup.storage_root)
+        if set(setup.sinks) & set(TABLE_SINKS):
+            # what `finalckpt gc` does; a table sink's leftovers are not its job: any staged
+            # file the table does not reference after it counts as leaked
+            from airflow_finalckpt.runtime.gc import collect_garbage
+
+            collect_garbage(coordinator, storage, grace_s=0)
         return verify_run(
-            Coordinator(engine, setup.pipeline_key),
-            CheckpointStorage(setup.storage_root),
+            coordinator,
+            storage,
             sinks,
             expected,
             key_columns,
             approximate=approximate,
-            sink_roots=[setup.parquet_dir],
+            sink_roots=[setup.parquet_dir, *setup.table_roots()],
         )
     finally:
         dispose_sinks(sinks)
@@ -638,6 +726,7 @@ class CampaignResult:
     seconds: float
     started_at: str
     store: str
+    sinks: tuple[str, ...] = DEFAULT_SINKS
 
     def figures(self) -> dict[str, Any]:
         verdicts = [r.verdict for r in self.reports if r.verdict is not None]
@@ -679,6 +768,8 @@ class CampaignResult:
             "garbage_units": sum(v.garbage_units or 0 for v in verdicts),
             "known_issues": dict(sorted(self.known_issues().items())),
             "shapes": shape_figures(self.reports),
+            "sinks": sink_figures(self.reports, self.sinks),
+            "miscounted": sum(len(v.miscounted) for v in verdicts),
             "seconds": round(self.seconds, 1),
         }
 
@@ -698,6 +789,7 @@ class CampaignResult:
         "unexpected",
         "stale_commits",
         "errors",
+        "miscounted",
     )
 
     @property
@@ -730,6 +822,8 @@ class CampaignResult:
         external = f", {f['external_runs']} external" if f["external_runs"] else ""
         concurrent = f", {f['concurrent_runs']} concurrent" if f["concurrent_runs"] else ""
         lines = [f"  {line}" for line in shape_lines(f["shapes"])]
+        if set(self.sinks) & set(TABLE_SINKS):
+            lines += [f"  {line}" for line in sink_lines(f["sinks"])]
         return "\n".join(
             [
                 f"fault campaign seed={self.seed} store={self.store}: {f['runs']} runs "
@@ -767,6 +861,85 @@ class CampaignResult:
             },
             "runs": [r.to_dict() for r in self.reports],
         }
+
+
+#: Runtime points passed once per committed transaction and sink (after its epoch check, after
+#: the sink's commit): faults there hit whichever sink's commit comes at that count.
+COMMIT_POINTS = ("before-commit", "mid-commit")
+
+
+def sink_figures(reports: Sequence[RunReport], kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per sink kind: runs, the faults that fired inside that sink (by point), the sink-layer
+    points reached there, faults at the commit points of runs that publish to it, table commits
+    (meant / in the table) and the figures that must be zero."""
+    figures: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        f: dict[str, Any] = {
+            "runs": 0,
+            "faulted_runs": 0,
+            "faults": 0,
+            "faults_by_point": Counter(),
+            "reached": Counter(),
+            "commit_point_faults": 0,
+            "table_commits_meant": 0,
+            "table_commits": 0,
+            "lost": 0,
+            "duplicated": 0,
+            "wrong": 0,
+            "leaked": 0,
+            "double_committed": 0,
+            "orphaned": 0,
+            "miscounted": 0,
+            "unrecovered": 0,
+        }
+        for report in reports:
+            if report.plan.kind == CONCURRENT:
+                continue  # their sinks are per shape; see shape_figures
+            sink_id = f"{kind}_{report.plan.run_id}"
+            v = report.verdict
+            if v is None or sink_id not in v.rows:
+                continue
+            f["runs"] += 1
+            mine = [e for e in report.fired if e.get("in_sink") == kind]
+            at_commit = [e for e in report.fired if e["point"] in COMMIT_POINTS]
+            f["faulted_runs"] += int(bool(mine or at_commit or report.kills))
+            f["faults"] += len(mine)
+            f["faults_by_point"].update(e["point"] for e in mine)
+            f["commit_point_faults"] += len(at_commit)
+            for attempt in report.attempts:
+                for key, n in (attempt.sink_hits or {}).items():
+                    point_name, _, hit_kind = key.partition("@")
+                    if hit_kind == kind:
+                        f["reached"][point_name] += n
+            counts = v.table_commits.get(sink_id)
+            if counts is not None:
+                f["table_commits_meant"] += counts["meant"]
+                f["table_commits"] += counts["table"]
+            for name, n in v.for_sink(sink_id).items():
+                f[name] += n
+            f["unrecovered"] += int(not report.completed)
+        f["faults_by_point"] = dict(sorted(f["faults_by_point"].items()))
+        f["reached"] = dict(sorted(f["reached"].items()))
+        figures[kind] = f
+    return figures
+
+
+def sink_lines(sinks: dict[str, dict[str, Any]]) -> list[str]:
+    """One summary line per sink kind."""
+    lines = []
+    for kind, f in sinks.items():
+        points = ", ".join(f"{p} {n}" for p, n in f["faults_by_point"].items()) or "none"
+        sink_points = [p for p in POINTS if POINTS[p].layer is Layer.SINK]
+        lines.append(
+            f"sink {kind}: {f['runs']} runs, {f['faulted_runs']} faulted, {f['faults']} faults "
+            f"in the sink at {len(f['faults_by_point'])}/{len(sink_points)} sink points "
+            f"({points}), {f['commit_point_faults']} at the commit points | table commits "
+            f"{f['table_commits']} of {f['table_commits_meant']} meant | lost {f['lost']}, "
+            f"duplicated {f['duplicated']}, wrong {f['wrong']}, leaked {f['leaked']}, "
+            f"double-committed {f['double_committed']}, orphaned {f['orphaned']}, "
+            f"miscounted {f['miscounted']}, unrecovered {f['unrecovered']}"
+        )
+    return lines
 
 
 def shape_figures(reports: Sequence[RunReport]) -> dict[str, dict[str, Any]]:
@@ -930,6 +1103,7 @@ def run_campaign(
     concurrent_runs: int = 0,
     shapes: Sequence[str] | None = None,
     concurrent_lanes: int = 1,
+    sinks: Sequence[str] = DEFAULT_SINKS,
 ) -> CampaignResult:
     """Plan and execute a campaign; Spark runs, fake runs and ``concurrent_runs`` on branching
     graphs (see :mod:`airflow_finalckpt.faults.concurrent`) go in parallel lanes, then the
@@ -937,7 +1111,10 @@ def run_campaign(
     from airflow_finalckpt.faults.concurrent import plan_concurrent
     from airflow_finalckpt.faults.shapes import SHAPES
 
-    plans = plan_campaign(runs, seed, spark_runs) if runs else []
+    sinks = tuple(sinks)
+    if set(sinks) - set(SINK_KINDS) or not sinks or len(set(sinks)) < len(sinks):
+        raise ValueError(f"sinks must be distinct kinds of {SINK_KINDS}, got {sinks}")
+    plans = plan_campaign(runs, seed, spark_runs, sinks) if runs else []
     concurrent_plans = plan_concurrent(concurrent_runs, seed, runs, tuple(shapes or SHAPES))
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     start = time.monotonic()
@@ -945,7 +1122,12 @@ def run_campaign(
         Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="finalckpt-faults-"))
     )
     env = Environment(
-        root, store=store, pg_admin_url=pg_admin_url, spark_days=spark_days, gc_grace_s=gc_grace_s
+        root,
+        store=store,
+        pg_admin_url=pg_admin_url,
+        spark_days=spark_days,
+        gc_grace_s=gc_grace_s,
+        sinks=sinks,
     )
     env.prepare(spark=spark_runs > 0)
     lanes: list[tuple[str, list[RunPlan]]] = []
@@ -983,7 +1165,7 @@ def run_campaign(
     finally:
         env.cleanup()
     reports.sort(key=lambda r: r.plan.index)
-    return CampaignResult(seed, reports, time.monotonic() - start, started_at, store)
+    return CampaignResult(seed, reports, time.monotonic() - start, started_at, store, sinks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1024,12 +1206,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--concurrent-lanes", type=int, default=1, help="concurrent runs at the same time"
     )
+    parser.add_argument(
+        "--sinks",
+        default=",".join(DEFAULT_SINKS),
+        help="sinks of the pipeline's last stage, comma-separated: "
+        f"{', '.join(SINK_KINDS)} (default: %(default)s); with iceberg or delta most sink "
+        "faults target those, and the summary gets one line per sink",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per run")
     args = parser.parse_args(argv)
     external = [name for name in args.external.split(",") if name]
     if args.runs < (0 if external or args.concurrent else 1):
         parser.error("--runs must be >= 1 (or >= 0 with --external or --concurrent)")
     shapes = [name for name in args.shapes.split(",") if name]
+    sinks = [name for name in args.sinks.split(",") if name]
+    if sorted(set(sinks) - set(SINK_KINDS)) or not sinks or len(set(sinks)) < len(sinks):
+        parser.error(f"--sinks: distinct kinds of {', '.join(SINK_KINDS)}, got {args.sinks!r}")
     from airflow_finalckpt.faults.shapes import SHAPES
 
     unknown = sorted(set(shapes) - set(SHAPES))
@@ -1074,6 +1266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         concurrent_runs=args.concurrent,
         shapes=shapes,
         concurrent_lanes=args.concurrent_lanes,
+        sinks=sinks,
     )
     print(result.summary(), flush=True)
     for report in result.reports:

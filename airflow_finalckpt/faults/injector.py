@@ -36,6 +36,9 @@ class FaultSpec:
     stage: str | None = None
     nth: int = 1
     delay_s: float = 0.0
+    #: Sink-layer points: fire only in the sink of this kind (``iceberg``, ``delta``...), whose
+    #: own hits ``nth`` counts; None: in any sink.
+    sink: str | None = None
 
     def __post_init__(self) -> None:
         spec = point(self.point)
@@ -49,12 +52,15 @@ class FaultSpec:
 
     def describe(self) -> str:
         where = f"{self.point}@{self.stage}" if self.stage else self.point
+        where += f" in sink {self.sink}" if self.sink else ""
         extra = f" {self.delay_s:.2f}s" if self.action is Action.DELAY else ""
         return f"{self.action.value}{extra} at {where} (hit {self.nth})"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["action"] = self.action.value
+        if data["sink"] is None:
+            del data["sink"]  # the same dict as before sinks could be targeted
         return data
 
     @classmethod
@@ -81,8 +87,11 @@ class FaultInjector:
     stage: str | None = None
     zombie: Callable[[str], None] | None = None
     hits: Counter[str] = field(default_factory=Counter)
+    #: Hits of sink-layer points per sink kind: ``"<point>@<kind>"``.
+    sink_hits: Counter[str] = field(default_factory=Counter)
     fired: list[dict[str, Any]] = field(default_factory=list)
     _stage_hits: Counter[tuple[str, str | None]] = field(default_factory=Counter)
+    _sink_hits: Counter[tuple[str, str]] = field(default_factory=Counter)
     _done: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -90,21 +99,30 @@ class FaultInjector:
 
     # -- reporting hits ---------------------------------------------------------------------
 
-    def hit(self, name: str, stage: str | None = None) -> None:
-        """A process passed fault point ``name`` in ``stage`` (default: the current stage)."""
+    def hit(self, name: str, stage: str | None = None, *, sink: str | None = None) -> None:
+        """A process passed fault point ``name`` in ``stage`` (default: the current stage),
+        in a sink of kind ``sink`` (sink-layer points)."""
         stage = stage if stage is not None else self.stage
         self.hits[name] += 1
         self._stage_hits[(name, stage)] += 1
+        if sink is not None:
+            self._sink_hits[(name, sink)] += 1
+            self.sink_hits[f"{name}@{sink}"] += 1
         for index, spec in enumerate(self.specs):
             if index in self._done or spec.point != name:
                 continue
             if spec.stage is not None and spec.stage != stage:
                 continue
-            count = self._stage_hits[(name, stage)] if spec.stage else self.hits[name]
+            if spec.sink is not None and spec.sink != sink:
+                continue
+            if spec.sink is not None:
+                count = self._sink_hits[(name, spec.sink)]
+            else:
+                count = self._stage_hits[(name, stage)] if spec.stage else self.hits[name]
             if count != spec.nth:
                 continue
             self._done.add(index)
-            self._fire(spec, stage)
+            self._fire(spec, stage, sink)
 
     def runtime_fault(self, stage_id: str) -> Callable[[str], None]:
         """The ``fault`` callback for a StageRunner of ``stage_id``."""
@@ -117,7 +135,7 @@ class FaultInjector:
 
     # -- firing -----------------------------------------------------------------------------
 
-    def _record(self, spec: FaultSpec, stage: str | None) -> None:
+    def _record(self, spec: FaultSpec, stage: str | None, sink: str | None = None) -> None:
         event = {
             **spec.to_dict(),
             "event": "fault",
@@ -126,12 +144,14 @@ class FaultInjector:
             "t": time.time(),
             "in_stage": stage,
         }
+        if sink is not None:
+            event["in_sink"] = sink
         self.fired.append(event)
         if self.events_path is not None:
             append_event(self.events_path, event)
 
-    def _fire(self, spec: FaultSpec, stage: str | None) -> None:
-        self._record(spec, stage)
+    def _fire(self, spec: FaultSpec, stage: str | None, sink: str | None = None) -> None:
+        self._record(spec, stage, sink)
         where = f"{spec.point} in stage {stage}" if stage else spec.point
         log.info("injecting fault: %s", spec.describe())
         if spec.action is Action.CRASH:

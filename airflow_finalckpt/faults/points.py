@@ -198,6 +198,22 @@ _POINTS = (
         "an orphaned or dropped transaction is about to be aborted in a sink",
         sink_stage_only=True,
     ),
+    FaultPoint(
+        "sink-mid-commit",
+        Layer.SINK,
+        (Action.CRASH, Action.RAISE),
+        "inside a sink's commit: an Iceberg / Delta sink's table commit is done, its committed "
+        "marker is not written (other sinks: right after their commit returned)",
+        sink_stage_only=True,
+    ),
+    FaultPoint(
+        "sink-mid-abort",
+        Layer.SINK,
+        (Action.CRASH, Action.RAISE),
+        "inside a sink's abort: an Iceberg / Delta sink deleted the manifest and one data file, "
+        "not the rest (other sinks: right after their abort returned)",
+        sink_stage_only=True,
+    ),
     # --- Garbage collection after a stage closed
     FaultPoint(
         "gc-mid-collect",

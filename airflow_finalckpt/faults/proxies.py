@@ -207,33 +207,73 @@ class FaultyStorage(CheckpointStorage):
 # ------------------------------------------------------------------------------ sinks
 
 
+def sink_kind(sink: TwoPhaseCommitSink) -> str:
+    """``parquet``, ``sql``, ``iceberg``, ``delta`` (or the class name) of a sink."""
+    from airflow_finalckpt.sinks import (
+        DeltaTableSink,
+        IcebergTableSink,
+        ParquetTableSink,
+        SqlTableSink,
+    )
+
+    kinds = {
+        ParquetTableSink: "parquet",
+        SqlTableSink: "sql",
+        IcebergTableSink: "iceberg",
+        DeltaTableSink: "delta",
+    }
+    return kinds.get(type(sink), type(sink).__name__)
+
+
+#: Steps inside a table-format sink's commit / abort (StagedTableSink.on_step) -> fault point.
+_STEP_POINTS = {"table-committed": "sink-mid-commit", "abort-started": "sink-mid-abort"}
+
+
 class FaultySink(TwoPhaseCommitSink):
-    """Wraps a real sink: reports the sink-layer fault points and records every commit call
-    (``sink-commit`` events with the attempt's label) in the injector's event file."""
+    """Wraps a real sink: reports the sink-layer fault points (with the sink's kind, so a
+    fault can target one sink) and records every commit call (``sink-commit`` events with the
+    attempt's label) in the injector's event file.
+
+    ``sink-mid-commit`` / ``sink-mid-abort`` are reached inside an Iceberg / Delta sink's commit
+    and abort (its ``on_step`` hook); other sinks offer no such seam and report them right after
+    the call returned."""
 
     def __init__(self, inner: TwoPhaseCommitSink, injector: FaultInjector) -> None:
         super().__init__(inner.sink_id)
         self.inner = inner
         self.injector = injector
+        self.kind = sink_kind(inner)
+        self._steps = hasattr(inner, "on_step")
+        if self._steps:
+            inner.on_step = self._step  # type: ignore[attr-defined]
+
+    def _step(self, step: str) -> None:
+        if step in _STEP_POINTS:
+            self._hit(_STEP_POINTS[step])
+
+    def _hit(self, name: str) -> None:
+        self.injector.hit(name, sink=self.kind)
 
     def staging_location(self, txn_id: str) -> str:
         return self.inner.staging_location(txn_id)
 
     def write_pandas(self, txn_id: str, frame: pandas.DataFrame) -> None:
         self.inner.write_pandas(txn_id, frame)
-        self.injector.hit("sink-mid-write")
+        self._hit("sink-mid-write")
 
     def write_spark(self, txn_id: str, df: pyspark.sql.DataFrame) -> None:
         self.inner.write_spark(txn_id, df)
-        self.injector.hit("sink-mid-write")
+        self._hit("sink-mid-write")
 
     def precommit(self, txn_id: str, checkpoint_id: int) -> SinkTransaction:
         txn = self.inner.precommit(txn_id, checkpoint_id)
-        self.injector.hit("sink-after-precommit")
+        self._hit("sink-after-precommit")
         return txn
 
     def commit(self, txn: SinkTransaction) -> bool:
         committed = self.inner.commit(txn)
+        if not self._steps:
+            self._hit("sink-mid-commit")
         if self.injector.events_path is not None:
             append_event(
                 self.injector.events_path,
@@ -250,8 +290,10 @@ class FaultySink(TwoPhaseCommitSink):
         return committed
 
     def abort(self, txn: SinkTransaction) -> None:
-        self.injector.hit("sink-before-abort")
+        self._hit("sink-before-abort")
         self.inner.abort(txn)
+        if not self._steps:
+            self._hit("sink-mid-abort")
 
     def is_committed(self, txn_id: str) -> bool:
         return self.inner.is_committed(txn_id)

@@ -11,7 +11,11 @@
   no temporary file of an atomic write is left, every retained checkpoint is restorable (its
   ``_metadata`` reads, its state files exist with their checksums, and the output parts that a
   restore would re-read exist);
-- the coordinator: every stage CLOSED, no checkpoint left PENDING.
+- the coordinator: every stage CLOSED, no checkpoint left PENDING;
+- table-format sinks (Iceberg, Delta): the table's history holds exactly one commit (snapshot /
+  version) per transaction the coordinator committed with data, no commit of anyone else and no
+  transaction twice; every Parquet file under the sink's staging directories is referenced by
+  the table's current snapshot / version (any other is a leaked file).
 """
 
 from __future__ import annotations
@@ -88,6 +92,11 @@ class Verdict:
     pending: list[int] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
     unclosed: list[str] = field(default_factory=list)
+    #: Table-format sinks whose history does not hold one commit per committed transaction.
+    miscounted: list[str] = field(default_factory=list)
+    #: Table-format sinks: sink id -> {"meant": commits the coordinator committed with data,
+    #: "table": commits in the table's history, "files": data files the table references}.
+    table_commits: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Units garbage collection could still delete (informational: not a leak, GC's job).
     garbage_units: int | None = None
     #: Findings that match a KNOWN_ISSUES entry: issue id -> details (not counted as problems).
@@ -128,7 +137,22 @@ class Verdict:
         found += [f"checkpoint {x} left PENDING" for x in self.pending]
         found += [f"broken checkpoint: {x}" for x in self.broken]
         found += [f"stage {x} not CLOSED" for x in self.unclosed]
+        found += [f"miscounted table commits: {x}" for x in self.miscounted]
         return found
+
+    def for_sink(self, sink_id: str) -> dict[str, int]:
+        """The figures of one sink: rows lost / duplicated / wrong, leaks, miscounts."""
+        rows = self.rows.get(sink_id, RowCheck())
+        prefix = f"{sink_id}:"
+        return {
+            "lost": rows.lost,
+            "duplicated": rows.duplicated,
+            "wrong": rows.wrong + rows.unexpected,
+            "leaked": sum(1 for x in self.leaked if x.startswith(prefix)),
+            "double_committed": sum(1 for x in self.double_committed if x.startswith(prefix)),
+            "orphaned": sum(1 for x in self.orphaned if x.startswith(f"{sink_id}/")),
+            "miscounted": sum(1 for x in self.miscounted if x.startswith(prefix)),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -273,6 +297,58 @@ def check_transactions(
             verdict.leaked.append(detail)
 
 
+def check_table_sinks(
+    coordinator: Coordinator, sinks: Sequence[TwoPhaseCommitSink], verdict: Verdict
+) -> None:
+    """Table-format sinks: one table commit per committed transaction with data, and no data
+    file in the staging directories that the table does not reference."""
+    from airflow_finalckpt.sinks.staged import StagedTableSink
+
+    committed = [
+        txn
+        for txn, state in coordinator.transactions()
+        if state == TransactionState.COMMITTED.value
+    ]
+    for sink in sinks:
+        if not isinstance(sink, StagedTableSink):
+            continue
+        meant = sorted(
+            txn.txn_id
+            for txn in committed
+            if txn.sink_id == sink.sink_id and (txn.payload or {}).get("files")
+        )
+        commits = sink.table_commits()
+        mine = [txn_id for txn_id in commits if txn_id is not None]
+        referenced = sink.table_files()
+        verdict.table_commits[sink.sink_id] = {
+            "meant": len(meant),
+            "table": len(commits),
+            "files": len(referenced),
+        }
+        prefix = f"{sink.sink_id}:"
+        if len(commits) != len(meant):
+            verdict.miscounted.append(
+                f"{prefix} the table holds {len(commits)} commits, {len(meant)} were meant"
+            )
+        if foreign := len(commits) - len(mine):
+            verdict.miscounted.append(f"{prefix} {foreign} table commits of no transaction")
+        twice = sorted(t for t, n in Counter(mine).items() if n > 1)
+        if twice:
+            verdict.double_committed.append(f"{prefix} committed twice to the table: {twice}")
+        if missing := sorted(set(meant) - set(mine)):
+            verdict.miscounted.append(
+                f"{prefix} committed transactions not in the table: {missing}"
+            )
+        if unknown := sorted(set(mine) - set(meant)):
+            verdict.miscounted.append(
+                f"{prefix} table commits the coordinator did not make: {unknown}"
+            )
+        for path in sorted(sink.staged_files() - referenced):
+            verdict.leaked.append(f"{prefix} data file the table does not reference: {path}")
+        if gone := sorted(referenced - sink.staged_files()):
+            verdict.broken.append(f"{prefix} the table references missing files: {gone[:3]}")
+
+
 # ------------------------------------------------------------------------------ storage
 
 
@@ -411,6 +487,7 @@ def verify_run(
             sink.read_pandas(), expected, key, approximate=approximate
         )
     check_transactions(coordinator, sinks, verdict)
+    check_table_sinks(coordinator, sinks, verdict)
     check_storage(coordinator, storage, verdict, sink_roots=sink_roots)
     verdict.pending = [
         c.checkpoint_id for c in coordinator.checkpoints() if c.state is CheckpointState.PENDING

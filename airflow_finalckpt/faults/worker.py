@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 FAKE = "fake"
 SPARK = "spark"
+#: Sink kinds a campaign run can publish to, and the default (what campaigns always used).
+SINK_KINDS = ("parquet", "sql", "iceberg", "delta")
+TABLE_SINKS = ("iceberg", "delta")
+DEFAULT_SINKS = ("parquet", "sql")
 #: Small, single-core Spark settings: the example's data is tiny and start-up dominates.
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -62,7 +66,8 @@ class RunSetup:
     parquet_dir: str
     sql_url: str
     sql_table: str
-    sink_ids: tuple[str, str]
+    #: One id per sink kind in ``sinks``, in the same order.
+    sink_ids: tuple[str, ...]
     batch_sizes: dict[str, int | str]
     commit_mode: str
     checkpoint_interval_s: float
@@ -74,6 +79,15 @@ class RunSetup:
     fake: dict[str, int] | None = None
     input_dir: str | None = None
     close_timeout_s: float = 60.0
+    #: The sinks of the pipeline's last stage, by kind (see SINK_KINDS).
+    sinks: tuple[str, ...] = DEFAULT_SINKS
+    #: Iceberg: the warehouse of the SQLite catalog (``catalog.db`` in it); Delta: the table.
+    iceberg_warehouse: str | None = None
+    delta_dir: str | None = None
+
+    def table_roots(self) -> list[str]:
+        """Directories the table-format sinks write in (checked for temporary files)."""
+        return [d for d in (self.iceberg_warehouse, self.delta_dir) if d is not None]
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,8 @@ class AttemptOutcome:
     error_type: str | None = None
     error: str | None = None
     hits: dict[str, int] | None = None
+    #: Hits of sink-layer points per sink kind (``"<point>@<kind>"``).
+    sink_hits: dict[str, int] | None = None
     seconds: float = 0.0
     exitcode: int | None = None
     fired: list[dict[str, Any]] = field(default_factory=list)
@@ -106,12 +122,30 @@ class AttemptOutcome:
 
 
 def make_sinks(setup: RunSetup) -> list[TwoPhaseCommitSink]:
-    from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+    from airflow_finalckpt.sinks import (
+        DeltaTableSink,
+        IcebergTableSink,
+        ParquetTableSink,
+        SqlTableSink,
+    )
 
-    return [
-        ParquetTableSink(setup.sink_ids[0], setup.parquet_dir),
-        SqlTableSink(setup.sink_ids[1], setup.sql_url, setup.sql_table),
-    ]
+    sinks: list[TwoPhaseCommitSink] = []
+    for kind, sink_id in zip(setup.sinks, setup.sink_ids, strict=True):
+        if kind == "parquet":
+            sinks.append(ParquetTableSink(sink_id, setup.parquet_dir))
+        elif kind == "sql":
+            sinks.append(SqlTableSink(sink_id, setup.sql_url, setup.sql_table))
+        elif kind == "iceberg":
+            assert setup.iceberg_warehouse is not None
+            table = f"faults.{setup.sql_table}"
+            sinks.append(IcebergTableSink(sink_id, table, warehouse=setup.iceberg_warehouse))
+        elif kind == "delta":
+            assert setup.delta_dir is not None
+            app_id = f"{setup.pipeline_key}-{sink_id}"
+            sinks.append(DeltaTableSink(sink_id, setup.delta_dir, app_id=app_id))
+        else:
+            raise ValueError(f"unknown sink kind {kind!r}; known: {', '.join(SINK_KINDS)}")
+    return sinks
 
 
 def dispose_sinks(sinks: list[TwoPhaseCommitSink]) -> None:
@@ -301,6 +335,7 @@ def execute_attempt(
         handler.close()
     outcome.seconds = time.monotonic() - start
     outcome.hits = dict(injector.hits)
+    outcome.sink_hits = dict(injector.sink_hits)
     outcome.fired = list(injector.fired)
     return outcome
 

@@ -187,6 +187,19 @@ class DeltaTableSink(StagedTableSink):
             return set()
         return {t for t in map(self._mine, self._commits_after(table, -1)) if t is not None}
 
+    def table_commits(self) -> list[str | None]:
+        table = self._open()
+        if table is None:
+            return []
+        history = sorted(self._commits_after(table, -1), key=lambda info: int(info["version"]))
+        return [self._mine(info) for info in history]
+
+    def table_files(self) -> set[str]:
+        table = self._open()
+        return (
+            set() if table is None else {str(u).removeprefix("file://") for u in table.file_uris()}
+        )
+
     def _add_actions(self, txn_id: str, manifest: dict[str, Any]) -> list[Any]:
         from deltalake.transaction import AddAction
 

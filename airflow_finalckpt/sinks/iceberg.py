@@ -291,6 +291,23 @@ class IcebergTableSink(StagedTableSink):
     def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
         return set(candidates) & self._table_txn_ids()
 
+    def table_commits(self) -> list[str | None]:
+        table = self._load()
+        if table is None:
+            return []
+        commits: list[str | None] = []
+        for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number or 0):
+            summary = snapshot.summary
+            mine = summary is not None and summary.get(SINK_ID_KEY) == self.sink_id
+            commits.append(str(summary[TXN_ID_KEY]) if mine and summary is not None else None)
+        return commits
+
+    def table_files(self) -> set[str]:
+        table = self._load()
+        if table is None or table.current_snapshot() is None:
+            return set()
+        return {task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()}
+
     def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.io.pyarrow import parquet_file_to_data_file

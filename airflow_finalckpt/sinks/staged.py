@@ -116,6 +116,15 @@ def optional_schema(schema: pyarrow.Schema) -> pyarrow.Schema:
     return pa.schema(f.with_type(_optional(f.type)).with_nullable(True) for f in schema)
 
 
+def _no_step(_name: str) -> None:
+    return None
+
+
+def _plain_path(uri: str) -> str:
+    """A local path or an object key without its ``file://`` scheme, for comparing sets."""
+    return uri.removeprefix("file://")
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -145,6 +154,11 @@ class StagedTableSink(TwoPhaseCommitSink):
         super().__init__(sink_id)
         self.storage_options = dict(storage_options or {})
         self._fs_cache: fsspec.AbstractFileSystem | None = None
+        #: Called with a step name between the steps of a commit or an abort that a crash can
+        #: separate (``table-committed``: the table commit is done, the marker not yet;
+        #: ``abort-started``: the manifest and one data file are deleted, the rest not yet).
+        #: A no-op; the fault campaign injects crashes here.
+        self.on_step: Callable[[str], None] = _no_step
 
     # -- what a table format provides -------------------------------------------------------
 
@@ -174,6 +188,16 @@ class StagedTableSink(TwoPhaseCommitSink):
     @abstractmethod
     def _table_txn_ids(self) -> set[str]:
         """Every transaction id of this sink the table's history records."""
+
+    @abstractmethod
+    def table_commits(self) -> list[str | None]:
+        """One entry per commit in the table's history (Iceberg snapshot, Delta version),
+        oldest first: the transaction id this sink recorded in it, None for other writers'."""
+
+    @abstractmethod
+    def table_files(self) -> set[str]:
+        """Paths (no scheme) of the data files the table's current snapshot / version
+        references."""
 
     # -- paths and files ---------------------------------------------------------------------
 
@@ -430,6 +454,7 @@ class StagedTableSink(TwoPhaseCommitSink):
             published = False
         else:
             published = self._publish(txn_id, manifest)
+        self.on_step("table-committed")
         self._mark_committed(txn_id)
         return published
 
@@ -449,6 +474,10 @@ class StagedTableSink(TwoPhaseCommitSink):
             return
         if fs.exists(f"{path}/{MANIFEST_NAME}"):
             fs.rm(f"{path}/{MANIFEST_NAME}")
+        data = sorted(str(p) for p in fs.ls(path, detail=False) if str(p).endswith(".parquet"))
+        if data:  # one file first: a crash here leaves a half-deleted, uncommittable directory
+            fs.rm(data[0])
+        self.on_step("abort-started")
         fs.rm(path, recursive=True)
 
     # -- state -------------------------------------------------------------------------------
@@ -491,6 +520,28 @@ class StagedTableSink(TwoPhaseCommitSink):
             return set()
         candidates = {txn_id: self._manifest(txn_id) for txn_id in open_ids}
         return set(open_ids) - self._table_committed(candidates)
+
+    @storage_errors
+    def staged_files(self) -> set[str]:
+        """Paths (no scheme) of every Parquet file under this sink's staging directories,
+        committed or not: after a clean recovery exactly ``table_files()`` (this sink being
+        the table's only writer); any other is a leak."""
+        located = self._sink_dir()
+        if located is None:
+            return set()
+        fs, path = located
+        fs.invalidate_cache(path)
+        if not fs.exists(path):
+            return set()
+        return {_plain_path(str(p)) for p in fs.find(path) if str(p).endswith(".parquet")}
+
+    def read_pandas(self) -> pandas.DataFrame:
+        """The table's current snapshot / version, as pandas (small tables)."""
+        return self.read_arrow().to_pandas()
+
+    @abstractmethod
+    def read_arrow(self) -> pyarrow.Table:
+        """The table's current snapshot / version, as Arrow (small tables)."""
 
     def _require_files(self, txn_id: str, manifest: dict[str, Any]) -> list[str]:
         """The manifest's file URIs, each checked to exist (abort or cleanup may have run)."""

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import date
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from airflow_finalckpt.sinks import (
     SinkError,
     SinkTransactionError,
 )
-from airflow_finalckpt.sinks.staged import STAGING_DIR
+from airflow_finalckpt.sinks.staged import STAGING_DIR, StagedTableSink
 
 
 def orders(spark: SparkSession, first: int, count: int, partitions: int = 3) -> DataFrame:
@@ -151,17 +152,53 @@ def test_abort_deletes_the_staged_files(spark: SparkSession, tmp_path: Path, kin
     assert staged_data_files(sink) == table_files(sink)
 
 
+def _views(reader: StagedTableSink, con: duckdb.DuckDBPyConnection) -> dict[str, list[int]]:
+    """``order_id`` values of one table version, as each engine reads it: the format library
+    (pyiceberg scan / deltalake to pandas) and DuckDB (over the library's snapshot, and over
+    the snapshot's data files with its own Parquet reader). Each view loads the table anew."""
+    views: dict[str, list[int]] = {}
+    if isinstance(reader, IcebergTableSink):
+        table = reader.table()
+        if table is None or table.current_snapshot() is None:
+            return {}
+        scan = table.scan(selected_fields=("order_id",))
+        views["pyiceberg scan"] = scan.to_arrow().column("order_id").to_pylist()
+        scan.to_duckdb("orders", connection=con)
+        files = [task.file.file_path for task in scan.plan_files()]
+    else:
+        assert isinstance(reader, DeltaTableSink)
+        delta = reader.table()
+        if delta is None:
+            return {}
+        views["deltalake to_pandas"] = delta.to_pandas(columns=["order_id"])["order_id"].tolist()
+        con.register("orders", delta.to_pyarrow_dataset())
+        files = [str(uri) for uri in delta.file_uris()]
+    views["duckdb over the library"] = [
+        row[0] for row in con.execute("SELECT order_id FROM orders").fetchall()
+    ]
+    views["duckdb read_parquet"] = (
+        [row[0] for row in con.execute("SELECT order_id FROM read_parquet(?)", [files]).fetchall()]
+        if files
+        else []
+    )
+    return views
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_concurrent_reader_never_sees_a_partial_batch(
     spark: SparkSession, tmp_path: Path, kind: str
 ) -> None:
-    batches, size = 6, 40
+    """Readers of every engine, each in its own thread, read while batches are committed: every
+    read sees a whole number of batches, in commit order (a prefix of the ids), never part of
+    one, although each batch is several data files."""
+    batches, size = 8, 40
     sink = make_sink(kind, tmp_path)
     txns = []
     for n in range(batches):  # stage everything first: only the commits race the readers
         sink.write_spark(f"b{n}", orders(spark, n * size, size, partitions=4))
         txns.append(sink.precommit(f"b{n}", n + 1))
-    seen: list[int] = []
+    assert all(len(txn.payload["files"]) == 4 for txn in txns)
+    seen: dict[str, list[int]] = {}
     errors: list[str] = []
     done = threading.Event()
 
@@ -170,31 +207,31 @@ def test_a_concurrent_reader_never_sees_a_partial_batch(
         con = duckdb.connect()
         while not done.is_set():
             try:
-                ids = read_ids(reader)
-                files = sorted(table_files(reader))
-                via_duckdb = (
-                    con.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()
-                    if files
-                    else (0,)
-                )
+                views = _views(reader, con)
             except Exception as exc:
                 errors.append(repr(exc))
                 return
-            assert via_duckdb is not None
-            if len(ids) % size or ids != list(range(len(ids))) or via_duckdb[0] % size:
-                errors.append(f"partial view: {len(ids)} rows, duckdb {via_duckdb[0]}")
-            seen.append(len(ids))
+            for engine, ids in views.items():
+                if len(ids) % size or sorted(ids) != list(range(len(ids))):
+                    errors.append(f"{engine}: partial view of {len(ids)} rows")
+                seen.setdefault(engine, []).append(len(ids))
 
-    thread = threading.Thread(target=read)
-    thread.start()
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for thread in threads:
+        thread.start()
     try:
         for txn in txns:
             assert sink.commit(txn) is True
+            time.sleep(0.05)  # let the readers see intermediate versions
     finally:
         done.set()
-        thread.join(60)
+        for thread in threads:
+            thread.join(60)
     assert errors == []
-    assert len(seen) >= 2 and seen == sorted(seen)
+    assert len(seen) == 3, seen
+    for engine, counts in seen.items():
+        between = {c for c in counts if 0 < c < batches * size}
+        assert between, f"{engine} never read while commits were going on: {counts}"
     assert read_ids(sink) == list(range(batches * size))
     assert commit_count(sink) == batches
 
