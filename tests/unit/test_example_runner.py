@@ -7,6 +7,8 @@ agree. One day of data (one enrich split) is refused before anything runs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_finalckpt.examples.nycflights13.run import describe_crash, main
@@ -59,3 +61,20 @@ def test_one_day_is_refused_before_anything_runs(capsys: pytest.CaptureFixture[s
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--crash-mid-enrich needs --days >= 2" in err and "enrich has one split" in err
+
+
+def test_each_pipeline_key_gets_its_own_output_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second run of the example (a new pipeline key) must not append to the first run's
+    tables, or its check against the reference fails; a key never escapes ``output/``."""
+    from airflow_finalckpt.examples.nycflights13 import run
+
+    environ: dict[str, str] = {}
+    monkeypatch.setattr(run.os, "environ", environ)
+    run._configure_environment(tmp_path, 3, True, "nycflights13-1234abcd")
+    assert environ["FINALCKPT_EXAMPLE_OUTPUT"] == str(tmp_path / "output" / "nycflights13-1234abcd")
+    assert environ["FINALCKPT_EXAMPLE_LAKEHOUSE"] == "1"
+    for key in ("..", "../x", "a/b", "."):
+        name = run.output_dir_name(key)
+        assert "/" not in name and name not in ("", ".", "..")

