@@ -56,6 +56,32 @@ CHECKPOINT_LAST_ACK_LAG = "finalckpt.checkpoint.last_ack_lag"
 CHECKPOINT_ABORTED = "finalckpt.checkpoint.aborted"
 
 
+_configured = False
+
+
+def _configure_stats() -> None:
+    """Configure the Task SDK's stats from ``[metrics]`` where no Airflow code did: the task
+    runner does before a task runs, but the triggerer's trigger-runner process (where the
+    final-checkpoint trigger may complete checkpoints) and ``dag.test()`` do not, and their
+    metrics would silently go nowhere. A backend set up by Airflow (or a test) is kept."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    try:
+        from airflow.sdk._shared.observability.metrics import stats as shared
+        from airflow.sdk.configuration import conf
+        from airflow.sdk.observability.metrics import stats_utils
+
+        if getattr(shared, "_factory", None) is None:
+            shared.initialize(
+                factory=stats_utils.get_stats_factory(),
+                export_legacy_names=conf.getboolean("metrics", "legacy_names_on", fallback=True),
+            )
+    except Exception as exc:  # another Airflow layout: leave the stats as they are
+        log.debug("Airflow stats not configured by finalckpt: %s", exc)
+
+
 def _emit(kind: str, name: str, value: Any, tags: dict[str, str]) -> None:
     if "airflow.sdk" not in sys.modules:
         return  # not in an Airflow process: importing Airflow costs seconds and sets up logging
@@ -63,6 +89,7 @@ def _emit(kind: str, name: str, value: Any, tags: dict[str, str]) -> None:
         from airflow.sdk.observability import stats
     except ImportError:
         return
+    _configure_stats()
     try:
         if kind == "timing":
             stats.timing(name, timedelta(seconds=value), tags=tags)

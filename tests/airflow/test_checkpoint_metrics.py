@@ -4,9 +4,9 @@ what the coordinator reports (``core.observe`` -> ``metrics.install``): every co
 checkpoint's duration, ``_metadata`` size and state size, every acknowledgement's lag, the last
 acknowledgement's lag; the values agree with the coordination store and the files on disk.
 
-Run in a child process, which initializes Airflow's stats the way the task runner does
-(``stats.initialize(factory=get_stats_factory())``): ``dag.test()`` runs tasks in-process,
-without the task runner's start-up."""
+Run in a child process with its own ``[metrics]`` configuration. ``dag.test()`` runs tasks and
+triggers in-process, without the task runner's start-up that configures Airflow's stats (like
+the triggerer's trigger-runner process): ``metrics`` configures them from ``[metrics]`` itself."""
 
 from __future__ import annotations
 
@@ -63,15 +63,6 @@ with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
 
 RUN_DAG = """
 import importlib.util, sys
-from airflow.sdk._shared.observability.metrics import stats
-from airflow.sdk.configuration import conf
-from airflow.sdk.observability.metrics import stats_utils
-
-# what the task runner's main() does before running a task
-stats.initialize(
-    factory=stats_utils.get_stats_factory(),
-    export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
-)
 spec = importlib.util.spec_from_file_location("metrics_dag", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
