@@ -13,11 +13,16 @@ Parquet table at its final checkpoint; the consumer is ``schedule=[Asset(...)]``
    in the scheduler loops that follow;
 3. producer run 3, pipeline B (a new commit to the same table) -> exactly one more event and one
    more consumer run (so the consumer did not just stop running).
+
+The cluster sends its metrics to a StatsD listener of this test (``[metrics] statsd_on``): the
+checkpoint metrics of the workers' (and triggerer's) coordinators arrive over UDP.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -39,6 +44,35 @@ CONSUMER = "finalckpt_e2e_asset_consumer"
 #: Scheduler loops (heartbeat 2 s in the harness) that must pass without a consumer run after
 #: the continuation run succeeded.
 QUIET_S = 12.0
+
+
+class StatsdListener:
+    """A UDP socket on 127.0.0.1 that keeps every StatsD line it receives."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.lines.extend(self.sock.recv(65535).decode().splitlines())
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+    def names(self) -> set[str]:
+        return {line.split(":", 1)[0].split(",", 1)[0] for line in self.lines}
 
 
 def _wait(predicate: Callable[[], Any], what: str, cluster: AirflowCluster, timeout: float) -> Any:
@@ -75,15 +109,37 @@ def test_consumer_runs_once_per_commit_never_on_a_republish(
 ) -> None:
     started = time.monotonic()
     work = tmp_path
-    cluster = airflow_cluster(
-        [DAGS],
-        extra_env={
-            "AIRFLOW__FINALCKPT__STORE_URL": pg_url,
-            "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "checkpoints"),
-            "FINALCKPT_E2E_WORK": str(work),
-        },
-        expect_dags=[PRODUCER, CONSUMER],
-    )
+    statsd = StatsdListener()
+    try:
+        cluster = airflow_cluster(
+            [DAGS],
+            extra_env={
+                "AIRFLOW__FINALCKPT__STORE_URL": pg_url,
+                "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "checkpoints"),
+                "FINALCKPT_E2E_WORK": str(work),
+                "AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+                "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+            },
+            expect_dags=[PRODUCER, CONSUMER],
+        )
+        _run_producer_and_consumer(cluster, work, started)
+    finally:
+        statsd.close()
+    # the stage metrics and the coordinators' checkpoint metrics, from the cluster's processes
+    expected = {
+        "airflow.finalckpt.batch.duration",
+        "airflow.finalckpt.stage.closed",
+        "airflow.finalckpt.sink.commit.duration",
+        "airflow.finalckpt.checkpoint.duration",
+        "airflow.finalckpt.checkpoint.size",
+        "airflow.finalckpt.checkpoint.state_size",
+    }
+    assert expected <= statsd.names(), sorted(n for n in statsd.names() if "finalckpt" in n)
+
+
+def _run_producer_and_consumer(cluster: AirflowCluster, work: Path, started: float) -> None:
     up = time.monotonic()
     cluster.unpause(CONSUMER)
     first_key, second_key = (f"assets-{uuid.uuid4().hex[:8]}" for _ in range(2))
