@@ -12,7 +12,12 @@ executors and write to a Parquet and a SQL sink. While it runs:
    (the Python driver and its spark-submit JVM) is SIGKILLed: try 1 fails, Airflow's try 2
    reads the submission record try 1 left in the task state store (``ResumableJobMixin``),
    sees the driver EXITED and submits a new one, which processes only the three unfinished
-   splits.
+   splits;
+3. once that driver has made splits 3 and 4 durable (it waits at a second gate before 5),
+   try 2 itself fails while its driver runs on (the test makes the task's wait raise, as when
+   the Airflow worker process dies but the driver does not): try 3 finds the driver RUNNING
+   in the task state store and **reattaches** to it instead of submitting; that driver
+   finishes split 5.
 
 A downstream stage, submitted by its own task, reads the six output parts of both drivers.
 The sinks then hold exactly the rows of one uninterrupted run, every committed sink transaction
@@ -58,6 +63,7 @@ from .conftest import (
 SPLITS = [str(i) for i in range(6)]
 ROWS = 8  # per split: ids split*ROWS .. split*ROWS+7, over 2 partitions
 GATE_FROM = 3  # splits from here on wait for the gate (the driver kill comes first)
+GATE2_FROM = 5  # and from here on for the second gate (try 2 fails first, its driver runs on)
 
 STAGE_DAG = """
 import os
@@ -76,9 +82,9 @@ def squares(ctx):
 
     (split,) = ctx.splits
     n = int(split)
-    if n >= GATE_FROM:
+    for gate_from, gate in ((GATE_FROM, GATE), (GATE2_FROM, GATE2)):
         deadline = time.time() + 600
-        while not os.path.exists(GATE):
+        while n >= gate_from and not os.path.exists(gate):
             if time.time() > deadline:
                 raise RuntimeError("the test never opened the gate")
             time.sleep(0.2)
@@ -269,37 +275,78 @@ def _parent(pid: int) -> int:
 
 
 def _running_driver(checkpoints: Path) -> dict[str, Any]:
-    """The heartbeat of the one submission of ``squares`` that has no result yet."""
-    beats = [
-        p
-        for p in glob.glob(f"{checkpoints}/**/drivers/squares/*/heartbeat.json", recursive=True)
-        if not os.path.exists(os.path.join(os.path.dirname(p), "result.json"))
-    ]
-    assert len(beats) == 1, beats
-    doc = dict(json.loads(Path(beats[0]).read_text()))
-    doc["submission_id"] = os.path.basename(os.path.dirname(beats[0]))
-    return doc
+    """The heartbeat of the submission of ``squares`` that heartbeats now (a killed driver's
+    heartbeat file stays behind, older)."""
+    docs = []
+    for path in glob.glob(f"{checkpoints}/**/drivers/squares/*/heartbeat.json", recursive=True):
+        if not os.path.exists(os.path.join(os.path.dirname(path), "result.json")):
+            doc = dict(json.loads(Path(path).read_text()))
+            doc["submission_id"] = os.path.basename(os.path.dirname(path))
+            docs.append(doc)
+    fresh = [d for d in docs if time.time() - float(d["at"]) < 12]
+    assert len(fresh) == 1, docs
+    return fresh[0]
+
+
+@pytest.fixture
+def task_dies_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Lets the test end a try of the task while its driver runs on, and records what each
+    later try decided from the task state store (the task runs in this process: dag.test())."""
+    from airflow_finalckpt.spark.resumable import ResumableSubmission
+
+    state: dict[str, Any] = {"crash": tmp_path / "crash-task", "decisions": []}
+    own_wait = ResumableSubmission._wait_own_driver
+    reattached_wait = ResumableSubmission._wait_reattached
+    get_status = ResumableSubmission.get_job_status
+
+    def wait_own_driver(self: Any, record: Any, context: Any) -> None:
+        assert self._thread is not None
+        while self._thread.is_alive():
+            if state["crash"].exists():
+                state["crash"].unlink()
+                raise RuntimeError("test: the task's try ends here, its driver runs on")
+            self._thread.join(0.2)
+        own_wait(self, record, context)
+
+    def wait_reattached(self: Any, sid: str) -> None:
+        (tmp_path / "reattached").touch()
+        reattached_wait(self, sid)
+
+    def get_job_status(self: Any, external_id: Any, context: Any) -> str:
+        status = get_status(self, external_id, context)
+        state["decisions"].append((external_id["submission_id"], status))
+        return status
+
+    monkeypatch.setattr(ResumableSubmission, "_wait_own_driver", wait_own_driver)
+    monkeypatch.setattr(ResumableSubmission, "_wait_reattached", wait_reattached)
+    monkeypatch.setattr(ResumableSubmission, "get_job_status", get_job_status)
+    return state
 
 
 def test_operator_client_mode_survives_worker_and_driver_kills(
-    spark_cluster: StandaloneCluster, stage_dag: Callable[..., Any], tmp_path: Path
+    spark_cluster: StandaloneCluster,
+    stage_dag: Callable[..., Any],
+    task_dies_on_request: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     events, marks, out = tmp_path / "spark-events", tmp_path / "marks", tmp_path / "out"
     for d in (events, marks, out):
         d.mkdir()
-    gate = tmp_path / "gate"
+    gate, gate2 = tmp_path / "gate", tmp_path / "gate2"
     dag = stage_dag(
         SPLITS=SPLITS,
         ROWS=ROWS,
         GATE_FROM=GATE_FROM,
         GATE=str(gate),
+        GATE2_FROM=GATE2_FROM,
+        GATE2=str(gate2),
         MARKS=str(marks),
         SLOW_S=0.4,
         OUT=str(out),
         MASTER=spark_cluster.url,
         DEPLOY_MODE="client",
         SPARK_CONF=_spark_conf(events),
-        RETRIES=1,
+        RETRIES=2,
     )
     key = f"cluster-op-{uuid.uuid4().hex[:8]}"
     coordinator = Coordinator(make_engine(f"sqlite:///{tmp_path}/coordination.db"), key)
@@ -334,10 +381,23 @@ def test_operator_client_mode_survives_worker_and_driver_kills(
             os.kill(driver_pid, signal.SIGKILL)
             os.kill(jvm_pid, signal.SIGKILL)
             chaos["driver"] = beat
+            gate.touch()
+            # 3. try 2 ends while its driver (which made 3 and 4 durable) waits at gate 2
+            wait_until(
+                lambda: {"3", "4"} <= _finished(coordinator),
+                300,
+                "splits 3 and 4 durable",
+                interval=0.1,
+            )
+            chaos["second_driver"] = _running_driver(tmp_path / "checkpoints")
+            task_dies_on_request["crash"].touch()
+            wait_until((tmp_path / "reattached").exists, 300, "try 3 reattached", interval=0.1)
+            chaos["second_driver_alive"] = _running_driver(tmp_path / "checkpoints")
         except BaseException as exc:
             chaos["error"] = repr(exc)
         finally:
             gate.touch()
+            gate2.touch()
 
     thread = threading.Thread(target=kill_worker_then_driver, daemon=True)
     thread.start()
@@ -347,9 +407,10 @@ def test_operator_client_mode_survives_worker_and_driver_kills(
         elapsed = time.monotonic() - started
         thread.join(timeout=30)
         assert "error" not in chaos, chaos
-        assert "worker" in chaos and "driver" in chaos, chaos
+        assert "worker" in chaos and "driver" in chaos and "second_driver" in chaos, chaos
         assert str(dag_run.state).endswith("success"), dag_run.state
-        assert _ti(dag_run, "squares") == ("success", 2)  # try 1 lost its driver, try 2 won
+        # try 1 lost its driver, try 2 ended while its driver ran on, try 3 reattached
+        assert _ti(dag_run, "squares") == ("success", 3)
         assert _ti(dag_run, "total") == ("success", 1)
 
         # the worker died mid-stage: the enrich driver of try 1 lost an executor and went on
@@ -359,21 +420,29 @@ def test_operator_client_mode_survives_worker_and_driver_kills(
         assert len(spark_cluster.alive_workers()) == 1
 
         # the driver died after 3 durable splits: try 2 submitted a new driver (the task state
-        # store said EXITED) that processed only the three unfinished splits
+        # store said EXITED) that processed only the three unfinished splits; try 3 found that
+        # driver RUNNING and reattached to it (nothing submitted)
+        first, second = chaos["driver"]["submission_id"], chaos["second_driver"]["submission_id"]
         assert chaos["driver_finished_before"] == ["0", "1", "2"]
-        sub = _xcom(dag_run, "squares", "spark_submission")
+        assert first != second
+        assert task_dies_on_request["decisions"] == [
+            (first, SubmissionStatus.EXITED),
+            (second, SubmissionStatus.RUNNING),
+        ]
+        sub = _xcom(dag_run, "squares", "spark_submission")  # try 3's
         assert sub["state_store"] == "airflow", sub
-        assert sub["previous"] == {
-            "submission_id": chaos["driver"]["submission_id"],
-            "status": SubmissionStatus.EXITED,
-        }, sub
-        assert not sub["reconnected"] and sub["submission_id"] != chaos["driver"]["submission_id"]
-        assert sub["epoch"] > int(chaos["driver"]["epoch"])
+        assert sub["previous"] == {"submission_id": second, "status": "RUNNING"}, sub
+        assert sub["reconnected"] and sub["submission_id"] == second, sub
+        assert sub["epoch"] == int(chaos["second_driver"]["epoch"]) > int(chaos["driver"]["epoch"])
+        drivers = glob.glob(
+            f"{tmp_path}/checkpoints/**/drivers/squares/*/spec.json", recursive=True
+        )
+        assert len(drivers) == 2, drivers  # two submissions for three tries
         run = _xcom(dag_run, "squares", "stage_run")
         assert sorted(run["processed_splits"]) == ["3", "4", "5"], run
         assert run["skipped_splits"] == 3, run
         record = _task_state(dag_run, "squares", SUBMISSION_STATE_KEY)
-        assert record["submission_id"] == sub["submission_id"], record
+        assert record["submission_id"] == second, record
         assert record["pipeline_key"] == key and "exited_at" not in record
 
         # exactly once: both sinks hold every row once, every transaction committed once
@@ -408,10 +477,12 @@ def test_operator_client_mode_survives_worker_and_driver_kills(
             f"after splits {chaos['worker_finished_before']} (executor removals: "
             f"{[e.get('Removed Reason') for e in removed]}), killed driver pid "
             f"{chaos['driver']['pid']} after splits {chaos['driver_finished_before']}; try 2 "
-            f"resubmitted ({sub['previous']}) and processed {run['processed_splits']}"
+            f"resubmitted, try 3 reattached ({task_dies_on_request['decisions']}); the second "
+            f"driver processed {run['processed_splits']}"
         )
     finally:
         gate.touch()
+        gate2.touch()
         spark_cluster.ensure_two_workers()
 
 
@@ -448,6 +519,8 @@ def test_standalone_cluster_mode_is_refused_by_spark_and_by_the_operator(
         ROWS=ROWS,
         GATE_FROM=len(SPLITS),
         GATE=str(tmp_path / "gate"),
+        GATE2_FROM=len(SPLITS),
+        GATE2=str(tmp_path / "gate"),
         MARKS=str(tmp_path),
         SLOW_S=0.0,
         OUT=str(out),
