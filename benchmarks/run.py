@@ -94,9 +94,10 @@ BENCHMARKS: dict[str, tuple[str, Callable[[bool], Result]]] = {
     "batch_target_curve": ("curve", _curve),
     "stop_latency": ("stop", _stop),
     "steady_state_overhead_x10": ("overhead_x10", _overhead_x10),
+    "sinks": ("sinks", lambda quick: __import__("benchmarks.sinks").sinks.run(quick)),
 }
 #: Run only when asked for with ``--only`` (too long for the 25-minute suite).
-OPT_IN = ("steady_state_overhead_x10",)
+OPT_IN = ("steady_state_overhead_x10", "sinks")
 
 
 def resolve(names: list[str] | None) -> list[str]:
