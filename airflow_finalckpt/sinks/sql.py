@@ -45,6 +45,7 @@ from sqlalchemy import (
     Table,
     Text,
     delete,
+    event,
     func,
     insert,
     inspect,
@@ -78,6 +79,8 @@ PRECOMMITS_TABLE = "finalckpt_sink_precommits"
 #: Partitions staged by ``write_spark`` (part >= 0) and completed writes (part = WRITE_DONE).
 WRITES_TABLE = "finalckpt_sink_writes"
 WRITE_DONE = -1
+#: How long a Spark task waits for SQLite's write lock while other partitions are staged.
+SQLITE_STAGING_BUSY_TIMEOUT_MS = 30 * 60 * 1000
 STAGING_SUFFIX = "__staging"
 TXN_COLUMN = "finalckpt_txn_id"
 ID_TYPE = String(200)
@@ -761,6 +764,13 @@ def _stage_partition(spec: _PartitionWrite, partition: int, batches: Iterator[An
     from sqlalchemy.pool import NullPool
 
     engine = make_engine(spec.url, poolclass=NullPool)
+    if engine.dialect.name == "sqlite":
+        # Partitions queue for SQLite's one write lock, each holding it for its whole insert:
+        # wait longer than the coordinator's 60 s before "database is locked".
+        def _long_busy_timeout(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute(f"PRAGMA busy_timeout={SQLITE_STAGING_BUSY_TIMEOUT_MS}")
+
+        event.listen(engine, "connect", _long_busy_timeout)
     writes = _bookkeeping_metadata().tables[WRITES_TABLE]
     key = {
         "sink_id": spec.sink_id,
