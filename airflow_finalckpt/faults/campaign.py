@@ -164,8 +164,8 @@ def _stages_for(name: str, spark: bool) -> tuple[str, ...]:
     """The stages that pass a point (the fake ``publish`` writes nothing to storage)."""
     if POINTS[name].sink_stage_only:
         return (SINK_STAGE,)
-    if name == "state-mid-write" and not spark:
-        return ("gen", "agg")
+    if name == "state-mid-write":  # publish writes to the sinks only, not to storage
+        return ("gen", "agg") if not spark else SPARK_STAGES[:-1]
     return SPARK_STAGES if spark else FAKE_STAGES
 
 
@@ -287,6 +287,8 @@ def _plan_run(
         first_choice = rng.choice([n for n in names if n not in NEEDS_ORPHAN])
         attempts.append((_spec(rng, first_choice, spark, sinks=sinks),))
         kills.append(None)
+        if first_choice in NEEDS_DISCARD:  # as for coverage: retention must discard to reach it
+            retain, interval = 1, 0.0
     if rng.random() < 0.3:
         follow = rng.choice([n for n in names if Action.CRASH in POINTS[n].actions])
         attempts.append((_spec(rng, follow, spark, action=Action.CRASH, sinks=sinks),))
