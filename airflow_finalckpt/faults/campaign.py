@@ -931,12 +931,17 @@ def sink_lines(sinks: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for kind, f in sinks.items():
         points = ", ".join(f"{p} {n}" for p, n in f["faults_by_point"].items()) or "none"
+        commits = (
+            f"table commits {f['table_commits']} of {f['table_commits_meant']} meant"
+            if kind in TABLE_SINKS
+            else "no table history"
+        )
         sink_points = [p for p in POINTS if POINTS[p].layer is Layer.SINK]
         lines.append(
             f"sink {kind}: {f['runs']} runs, {f['faulted_runs']} faulted, {f['faults']} faults "
             f"in the sink at {len(f['faults_by_point'])}/{len(sink_points)} sink points "
-            f"({points}), {f['commit_point_faults']} at the commit points | table commits "
-            f"{f['table_commits']} of {f['table_commits_meant']} meant | lost {f['lost']}, "
+            f"({points}), {f['commit_point_faults']} at the commit points | {commits} | "
+            f"lost {f['lost']}, "
             f"duplicated {f['duplicated']}, wrong {f['wrong']}, leaked {f['leaked']}, "
             f"double-committed {f['double_committed']}, orphaned {f['orphaned']}, "
             f"miscounted {f['miscounted']}, unrecovered {f['unrecovered']}"
