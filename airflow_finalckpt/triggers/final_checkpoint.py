@@ -1,7 +1,7 @@
 """Triggers that wait, in Airflow's triggerer, for a stage's final checkpoint or its resume.
 
 A finished stage holds no worker slot while it waits for the checkpoint that lets it close
-(DESIGN.md: "No worker slot while waiting"). Its task defers to ``FinalCheckpointTrigger``,
+(waiting is the triggerer's job, not a worker's). Its task defers to ``FinalCheckpointTrigger``,
 which polls the coordination store and resumes the task once the stage may close. A stage
 suspended by a stop with savepoint defers to ``StageResumeTrigger`` until the run is resumed.
 Any other task can wait for a stage's committed output with ``StageClosedTrigger`` (see

@@ -156,7 +156,7 @@ def test_a_savepoint_restores_into_a_new_dag_run_with_an_empty_store(
 def test_only_the_savepoint_directory_copied_to_another_cluster_restores(
     spark: Any, other_cluster: Path, airflow_home: Any
 ) -> None:
-    """DESIGN.md: "A savepoint path alone is enough to restore". Only ``chk-<id>/`` is copied
+    """A savepoint path alone is enough to restore. Only ``chk-<id>/`` is copied
     to the other cluster's storage root and the source storage is deleted; the restore maps the
     savepoint's own copies of its state, outputs and manifests into the new pipeline directory
     and both sinks equal the pandas reference."""

@@ -2,7 +2,7 @@
 
 Hypothesis drives trigger / batch / ack / finish / complete / close / abort / expire / stop /
 stale-epoch events for a small diamond pipeline against a real SQLite store, and checks the
-invariants of DESIGN.md after every step:
+invariants of docs/protocol.md after every step:
 
 - no completed checkpoint misses a stage that was running when it was triggered;
 - a stage never closes before a qualifying checkpoint (id >= its first checkpoint after finish);
