@@ -53,6 +53,11 @@ TARGET_CONSTANT_S = 3.0
 TARGET_BATCH_S = 0.5
 #: Quick mode: tiny batches (one split each), so 2 days still give 2 enrich batches.
 QUICK_TARGET_BATCH_S = 0.01
+#: ``ingest`` writes one part per batch and enrich's splits are those parts: ingest takes this
+#: many batches (a fixed size, days / ENRICH_SPLITS), so that enrich has enough splits for the
+#: crash points to fall near 25 / 50 / 75 % (with auto batches the 48 days gave 2 parts, and
+#: the crash points landed at 0 / 50 / 50 %).
+ENRICH_SPLITS = 8
 DOWNSTREAM = ("enrich", "delay_windows", "publish")
 
 
@@ -68,9 +73,19 @@ def plan(quick: bool) -> dict[str, Any]:
     ``FINALCKPT_BENCH_RESUME_SCALE=1`` for the original rows.
     """
     if quick:
-        return {"days": 2, "row_scale": 1, "target_batch_s": QUICK_TARGET_BATCH_S}
+        return {
+            "days": 2,
+            "row_scale": 1,
+            "target_batch_s": QUICK_TARGET_BATCH_S,
+            "ingest_batch_size": 1,
+        }
     scale = int(os.environ.get("FINALCKPT_BENCH_RESUME_SCALE", "10"))
-    return {"days": 48, "row_scale": scale, "target_batch_s": TARGET_BATCH_S}
+    return {
+        "days": 48,
+        "row_scale": scale,
+        "target_batch_s": TARGET_BATCH_S,
+        "ingest_batch_size": 48 // ENRICH_SPLITS,
+    }
 
 
 def make_template(
@@ -149,6 +164,7 @@ def crash_and_resume(
     *,
     target_batch_s: float,
     hints: Any,
+    batch_sizes: dict[str, Any],
 ) -> tuple[dict[str, float], list[str]]:
     """Crash enrich in the batch in flight when its finished fraction reaches ``point``: the
     first batch that starts at or after the point, or that runs across it (a batch ending
@@ -157,7 +173,9 @@ def crash_and_resume(
     from airflow_finalckpt.spark.stage import SparkStageLogic
 
     state = {"batches": 0}
-    first = Ours(spark, inputs, root, target_batch_s=target_batch_s, hints=hints)
+    first = Ours(
+        spark, inputs, root, batch_sizes=batch_sizes, target_batch_s=target_batch_s, hints=hints
+    )
     original = SparkStageLogic.process
 
     def process(logic: Any, batch: Any, txn_ids: Any) -> Any:
@@ -181,7 +199,9 @@ def crash_and_resume(
         SparkStageLogic.process = original  # type: ignore[method-assign]
         first.close()
     lost_batch = len(parts) - len(done)
-    second = Ours(spark, inputs, root, target_batch_s=target_batch_s, hints=hints)
+    second = Ours(
+        spark, inputs, root, batch_sizes=batch_sizes, target_batch_s=target_batch_s, hints=hints
+    )
     try:
         run = second.run()
         enrich_parts = run.processed_splits.get("enrich", 0)
@@ -216,7 +236,8 @@ def run(quick: bool = False) -> Result:
     result.parameters = {
         **cfg,
         "batch_size": f"auto, target_batch_s={target_s:g} (the default is 30 s: smaller here "
-        "so enrich runs in several batches)",
+        "so enrich runs in several batches); ingest (untimed, before the crash) takes fixed "
+        "batches of ingest_batch_size days, one enrich split each",
         "hints": "one hints root, seeded by an untimed warm-up run on the same data",
         "crash_points": list(points),
         "crash": "exception after computing the enrich batch in flight when the finished "
@@ -230,14 +251,17 @@ def run(quick: bool = False) -> Result:
         inputs = prepare_inputs(tmp / "input", days=cfg["days"], scale=cfg["row_scale"])
         hints = hints_for(tmp / "hints")
         log(f"{NAME}: warm-up run of ours (seeds the hints)")
-        warm = Ours(spark, inputs, tmp / "warm", target_batch_s=target_s, hints=hints)
+        sizes = {"ingest": int(cfg["ingest_batch_size"])}
+        warm = Ours(
+            spark, inputs, tmp / "warm", batch_sizes=sizes, target_batch_s=target_s, hints=hints
+        )
         warm.run()
         result.parameters["warm_up_batches"] = {s: list(v) for s, v in warm.batches.items()}
         warm.close()
         remove(tmp / "warm")
         log(f"{NAME}: template store with ingest closed; plain ingest output")
         template = tmp / "template"
-        parts = make_template(spark, inputs, template, target_batch_s=target_s, hints=hints)
+        parts = make_template(spark, inputs, template, sizes, target_batch_s=target_s, hints=hints)
         days_of = part_days(spark, template, parts)
         result.parameters["enrich_splits"] = len(parts)
         result.parameters["days_per_enrich_split"] = [len(days_of[p]) for p in parts]
@@ -290,6 +314,7 @@ def run(quick: bool = False) -> Result:
                             point,
                             target_batch_s=target_s,
                             hints=hints,
+                            batch_sizes=sizes,
                         )
                         for metric, value in got_ours.items():
                             case.add(f"ours_{metric}", value)

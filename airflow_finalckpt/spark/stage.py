@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
@@ -26,6 +27,8 @@ from airflow_finalckpt.storage import CheckpointStorage
 T = TypeVar("T")
 STATE_PREFIX = "state:"
 GLOBAL_PREFIX = "global:"
+#: ``attempt_memo`` keys of ``BatchContext.broadcast_table`` (apart from ``attempt_value``'s).
+BROADCAST_PREFIX = "broadcast:"
 
 
 class TransformError(FinalCheckpointError):
@@ -109,6 +112,18 @@ class BatchContext:
             memo[name] = factory()
         return memo[name]
 
+    def broadcast_table(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
+        """A small table (e.g. a dimension for broadcast joins) built once per stage attempt and
+        held on the driver: a broadcast collects it to the driver anyway, and a driver-local
+        table is broadcast by every batch's join without a Spark job (a table read from files
+        costs one per join and batch). Only for tables that fit the driver's memory."""
+
+        def build() -> DataFrame:
+            frame = factory()
+            return self.spark.createDataFrame(frame.toArrow(), schema=frame.schema)
+
+        return self.attempt_value(BROADCAST_PREFIX + name, build)
+
     def set_watermark(self, watermark: int) -> None:
         self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
 
@@ -158,6 +173,10 @@ class SparkStageLogic:
         #: transform wants to remember between the batches of this attempt (``attempt_memo``).
         self._global_frames: dict[str, DataFrame] = {}
         self.attempt_memo: dict[str, Any] = {}
+        #: Per upstream stage, the schema of its output parts (one transform writes them all):
+        #: inferred from the first read of the attempt, then given to Spark, which otherwise
+        #: runs a Spark job to read Parquet footers on every read (one per batch).
+        self._part_schemas: dict[str, StructType] = {}
         #: Whether a downstream stage reads this stage's output parts (the runner says so with
         #: each batch); a stage with sinks that nobody reads writes to its sinks only.
         self.output_read = True
@@ -224,7 +243,8 @@ class SparkStageLogic:
             if self.sinks:
                 # The sinks read the part just written instead of computing the frame again
                 # (or caching it for every batch of a stage without sinks).
-                self._write_sinks(self.spark.read.parquet(location), txn_ids)
+                written = self.spark.read.schema(frame.schema).parquet(location)
+                self._write_sinks(written, txn_ids)
             parts = (part,)
         self.persist_state()
         self.watermark = ctx.watermark
@@ -320,8 +340,16 @@ class SparkStageLogic:
         if not parts:
             raise FinalCheckpointError(f"stage {self.stage_id!r}: no input parts to read")
         paths = [spark_path(self._resolve(p)) for p in parts]
+        stage_dirs = {p.rpartition("/")[0] for p in parts}
+        stage_dir = stage_dirs.pop() if len(stage_dirs) == 1 else None
+        known = self._part_schemas.get(stage_dir) if stage_dir else None
         try:
-            return self.spark.read.parquet(*paths)
+            if known is not None:
+                return self.spark.read.schema(known).parquet(*paths)
+            frame = self.spark.read.parquet(*paths)
+            if stage_dir and stage_dir.startswith("data/"):
+                self._part_schemas[stage_dir] = frame.schema
+            return frame
         except Exception as exc:
             raise StorageError(
                 f"stage {self.stage_id!r}: input parts cannot be read ({parts[0]} ...): {exc}"

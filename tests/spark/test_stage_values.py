@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.runtime.runner import StageRunner, StageSpec
 from airflow_finalckpt.spark.stage import BatchContext, SparkStageLogic
@@ -157,3 +157,40 @@ def test_a_stage_nobody_reads_writes_to_its_sinks_only(spark: SparkSession, tmp_
     b_rows = sorted(map(tuple, sinks["b"].read_pandas()[["s", "n"]].values.tolist()))
     assert a_rows == [(s, 1) for s in SPLITS]
     assert b_rows == [(s, 2) for s in SPLITS]
+
+
+def _jobs(spark: SparkSession, group: str) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def test_parts_of_a_stage_are_read_with_the_schema_of_the_first_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Only the attempt's first read of a stage's parts infers their schema (a Spark job that
+    reads Parquet footers); later batches give Spark that schema and start no job to read."""
+    _, storage = _setup(tmp_path)
+    parts = [f"data/a/p{i}-n1-{i:010d}" for i in range(3)]
+    for i, part in enumerate(parts):
+        frame = spark.range(i * 10, i * 10 + 10).withColumn("day", F.lit(f"d{i}"))
+        frame.write.parquet(f"file://{storage.resolve_handle(KEY, part)}")
+    logic = SparkStageLogic(spark, storage, KEY, "b", lambda ctx: None)
+    sc = spark.sparkContext
+    try:
+        sc.setJobGroup("first-read", "first read")
+        first = logic.read_parts(parts[:1])
+        assert _jobs(spark, "first-read") >= 1  # footers read: the schema is inferred
+        sc.setJobGroup("later-reads", "later reads")
+        later = logic.read_parts(parts[1:])
+        assert _jobs(spark, "later-reads") == 0
+    finally:
+        sc.setJobGroup("rest", "rest")
+    assert later.schema == first.schema
+    assert sorted(r.id for r in later.collect()) == list(range(10, 30))
+    # another logic (a new attempt) infers again
+    again = SparkStageLogic(spark, storage, KEY, "b", lambda ctx: None)
+    sc.setJobGroup("new-attempt", "new attempt")
+    try:
+        again.read_parts(parts[2:])
+        assert _jobs(spark, "new-attempt") >= 1
+    finally:
+        sc.setJobGroup("rest", "rest")
