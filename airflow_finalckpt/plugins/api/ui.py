@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, Response
 
-from airflow_finalckpt.control import PipelineControl
+from airflow_finalckpt.control import PipelineControl, PipelineDetail, PipelineRunSummary
 from airflow_finalckpt.core.errors import UnknownPipelineError, UnknownRunError
 from airflow_finalckpt.plugins.api import render
 from airflow_finalckpt.plugins.api.auth import (
@@ -30,19 +30,18 @@ def base_of(request: Request) -> str:
 
 
 def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
+    """The HTML routes; ``get_control`` supplies the control service (tests pass their own)."""
     router = APIRouter(tags=[TAG_UI])
     Control = Annotated[PipelineControl, Depends(get_control)]
     Authenticated = Annotated[Principal, Depends(authenticate)]
 
-    def runs_html(
-        principal: Principal, control: PipelineControl, dag_id: str | None, base: str
-    ) -> str:
-        """The runs page's live part: the page embeds it and the fragment route returns it
-        every refresh, so both are built here."""
+    def visible_runs(
+        principal: Principal, control: PipelineControl, dag_id: str | None
+    ) -> list[PipelineRunSummary]:
+        """The runs the page and its refreshes show: of ``dag_id`` if given, and readable."""
         if dag_id is not None:
             authorize_dag(principal, dag_id, "GET")
-        body = render.runs_live(readable_runs(principal, control.runs(dag_id)), base)
-        return "<h1>Pipeline runs</h1>" + f'<div id="runs">{body}</div>'
+        return readable_runs(principal, control.runs(dag_id))
 
     @router.get("/ui/runs", response_class=HTMLResponse, summary="Page: all pipeline runs")
     def runs_page(
@@ -53,14 +52,8 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     ) -> HTMLResponse:
         base = base_of(request)
         live = f"{base}/ui/runs/live" + (f"?{urlencode({'dag_id': dag_id})}" if dag_id else "")
-        content = render.page(
-            "Pipeline runs",
-            base,
-            runs_html(principal, control, dag_id, base),
-            live_url=live,
-            page_kind="runs",
-        )
-        return HTMLResponse(content, headers=NO_STORE)
+        runs = visible_runs(principal, control, dag_id)
+        return HTMLResponse(render.runs_page(runs, base, live), headers=NO_STORE)
 
     @router.get("/ui/runs/live", response_class=HTMLResponse, summary="Fragment: pipeline runs")
     def runs_fragment(
@@ -69,16 +62,15 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         control: Control,
         dag_id: Annotated[str | None, Query()] = None,
     ) -> HTMLResponse:
-        return HTMLResponse(
-            runs_html(principal, control, dag_id, base_of(request)), headers=NO_STORE
-        )
+        runs = visible_runs(principal, control, dag_id)
+        return HTMLResponse(render.runs_live(runs, base_of(request)), headers=NO_STORE)
 
-    def pipeline_html(
+    def pipeline_detail(
         principal: Principal, control: PipelineControl, dag_id: str, run_id: str
-    ) -> str:
+    ) -> PipelineDetail:
+        """The run's detail, once the user may read the DAG's runs (403 otherwise)."""
         authorize_dag(principal, dag_id, "GET")
-        detail = control.describe(dag_id, run_id)
-        return render.pipeline_live(detail, dag_id, run_id)
+        return control.describe(dag_id, run_id)
 
     @router.get(
         "/ui/dags/{dag_id}/runs/{run_id}",
@@ -89,25 +81,14 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         request: Request, dag_id: str, run_id: str, principal: Authenticated, control: Control
     ) -> HTMLResponse:
         base = base_of(request)
-        live = render.run_page_url(base, dag_id, run_id) + "/live"
-        code = status.HTTP_200_OK
         try:
-            body = pipeline_html(principal, control, dag_id, run_id)
+            detail = pipeline_detail(principal, control, dag_id, run_id)
         except (UnknownRunError, UnknownPipelineError) as exc:
             # Not started yet: show why, and keep polling until the first stage registers it.
-            code = status.HTTP_404_NOT_FOUND
-            body = f'<div class="error" role="alert"><p>{render.e(str(exc))}</p></div>'
-        content = render.page(
-            f"Pipeline of {dag_id} / {run_id}",
-            base,
-            body,
-            live_url=live,
-            page_kind="pipeline",
-            extra=render.confirm_dialog()
-            + f'<div id="endpoints" hidden data-api="{render.e(base)}/api/dags/'
-            f'{render.e(_q(dag_id))}/runs/{render.e(_q(run_id))}"></div>',
-        )
-        return HTMLResponse(content, status_code=code, headers=NO_STORE)
+            content = render.pipeline_page(base, dag_id, run_id, None, error=str(exc))
+            return HTMLResponse(content, status_code=status.HTTP_404_NOT_FOUND, headers=NO_STORE)
+        content = render.pipeline_page(base, dag_id, run_id, detail)
+        return HTMLResponse(content, headers=NO_STORE)
 
     @router.get(
         "/ui/dags/{dag_id}/runs/{run_id}/live",
@@ -117,7 +98,8 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     def pipeline_fragment(
         dag_id: str, run_id: str, principal: Authenticated, control: Control
     ) -> HTMLResponse:
-        return HTMLResponse(pipeline_html(principal, control, dag_id, run_id), headers=NO_STORE)
+        detail = pipeline_detail(principal, control, dag_id, run_id)
+        return HTMLResponse(render.pipeline_live(detail, dag_id, run_id), headers=NO_STORE)
 
     @router.get("/static/{name}", summary="The page's script and style sheet")
     def static(name: str, _: Authenticated) -> Response:
@@ -128,9 +110,3 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         return Response(data.read_bytes(), media_type=media, headers={"Cache-Control": "no-cache"})
 
     return router
-
-
-def _q(value: str) -> str:
-    from urllib.parse import quote
-
-    return quote(value, safe="")
