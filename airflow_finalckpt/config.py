@@ -6,11 +6,19 @@ Every setting is resolved on its own, first source wins:
 2. env ``AIRFLOW__FINALCKPT__<NAME>`` (Airflow's convention for section ``[finalckpt]``);
 3. for ``store_url`` only: the Airflow connection ``finalckpt_default``, read from env
    ``AIRFLOW_CONN_FINALCKPT_DEFAULT`` (URI or JSON form);
-4. the ``[finalckpt]`` section of airflow.cfg, when Airflow is importable;
-5. a default under ``AIRFLOW_HOME`` (SQLite store, local checkpoint directory).
+4. the ``[finalckpt]`` section through Airflow's config API (``conf.get``: airflow.cfg, and
+   ``_cmd`` / ``_secret`` variants where Airflow allows them), when Airflow is importable;
+5. the default of the option in ``provider_info.CONFIG_OPTIONS`` (the provider's ``config``
+   section, so ``airflow config list --section finalckpt`` shows the same defaults), expanded
+   under ``AIRFLOW_HOME`` (SQLite store, local checkpoint directory).
 
-This module must work without Airflow installed: Airflow is imported lazily, only when a setting
-is still unresolved after steps 1-3, and any failure to import it is ignored.
+Two paths, kept apart: inside Airflow (tasks, triggerer, api-server, CLI next to Airflow) step 4
+asks Airflow's ``conf``; where Airflow is not installed (the Spark driver of a submitted stage, the
+CLI on a bare machine) only steps 1-3 and 5 answer. The Spark driver never resolves the store or
+the storage here: the Airflow task resolves them and passes the values in the driver job's
+environment (``spark/submit.py``), which the driver reads as they are (``spark/driver.py``).
+Airflow is imported lazily, only when a setting is still unresolved after steps 1-3, and any
+failure to import it is ignored.
 """
 
 from __future__ import annotations
@@ -26,10 +34,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.provider_info import SECTION, SETTING_DEFAULTS, expand_default
 
 log = logging.getLogger(__name__)
 
-SECTION = "finalckpt"
 CONNECTION_ID = "finalckpt_default"
 CONNECTION_ENV = "AIRFLOW_CONN_FINALCKPT_DEFAULT"
 MASK = "***"
@@ -385,22 +393,29 @@ def _url_from_uri_connection(text: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
-# --------------------------------------------------------------------------- airflow.cfg
+# --------------------------------------------------------------------------- Airflow's config
 
 
 def _read_airflow_cfg(name: str) -> str | None:
-    """``[finalckpt] <name>`` from airflow.cfg, or None if unset or Airflow is unavailable."""
+    """``[finalckpt] <name>`` as Airflow's config API answers it, unless it is only the default.
+
+    None when the option is unset (Airflow then answers the provider default, which step 5
+    resolves itself, labelled "default") or when Airflow is not importable.
+    """
     try:
         from airflow.configuration import conf
     except Exception as exc:  # Not installed, or a broken install/config: not our business.
-        log.debug("airflow.cfg not consulted for finalckpt settings: %s", exc)
+        log.debug("Airflow's config not consulted for finalckpt settings: %s", exc)
         return None
     try:
         value = conf.get(SECTION, name, fallback=None)
+        default = conf.get_default_value(SECTION, name, fallback=None)
     except Exception as exc:
-        log.debug("airflow.cfg [%s] %s could not be read: %s", SECTION, name, exc)
+        log.debug("Airflow's config [%s] %s could not be read: %s", SECTION, name, exc)
         return None
-    return None if value is None else str(value)
+    if value is None or (default is not None and str(value) == str(default)):
+        return None
+    return str(value)
 
 
 # --------------------------------------------------------------------------- resolution
@@ -420,23 +435,10 @@ PARSERS: dict[str, Parser] = {
 }
 
 
-def _default(name: str) -> Any:
-    home = airflow_home()
-    defaults: dict[str, Any] = {
-        "store_url": "sqlite:///" + os.path.join(home, "finalckpt", "coordination.db"),
-        "storage_uri": os.path.join(home, "finalckpt", "checkpoints"),
-        "storage_options": {},
-        "checkpoint_interval_s": 60.0,
-        "checkpoint_timeout_s": 600.0,
-        "retain_checkpoints": 3,
-        # Opening the coordination store at start: retries after the first attempt, and the
-        # first wait between attempts (doubling, at most 30 s): 1+2+4+8+16 s by default.
-        "store_connect_retries": 5,
-        "store_connect_backoff_s": 1.0,
-        # Auto split batches last about this long (core/batching.py, docs/benchmarks.md).
-        "target_batch_s": DEFAULT_TARGET_BATCH_S,
-    }
-    return defaults[name]
+def _default(name: str) -> str:
+    """The provider's default of ``name`` (``provider_info.CONFIG_OPTIONS``), expanded as
+    Airflow expands it; parsed like any other source."""
+    return expand_default(SETTING_DEFAULTS[name], airflow_home().rstrip("/") or "/")
 
 
 def _candidates(name: str, overrides: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:

@@ -11,7 +11,10 @@ invalidated under us). A schema written by a newer package, a wrong driver or a 
 fail at once. Nothing is created before the database answers: the schema upgrade is one
 transaction (see ``migrate``), so an attempt that fails half-way leaves no partial schema.
 
-Plain Python (no Airflow, no tenacity): the core must work without Airflow installed.
+The retry loop is tenacity's (a dependency of this package, and of Airflow): exponential waits
+(``wait_exponential``), a bounded number of attempts (``stop_after_attempt``), only connection
+errors retried (``retry_if_exception``), a warning before each wait. No Airflow: the Spark driver
+and the CLI open the store without it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from airflow_finalckpt.config import mask_url
 from airflow_finalckpt.core.errors import ConfigurationError
@@ -61,8 +72,25 @@ def is_connection_error(exc: BaseException) -> bool:
 def backoff_delays(
     retries: int, backoff_s: float, max_backoff_s: float = MAX_BACKOFF_S
 ) -> list[float]:
-    """The waits between attempts: ``backoff_s`` doubling, each at most ``max_backoff_s``."""
+    """The waits between attempts: ``backoff_s`` doubling, each at most ``max_backoff_s``
+    (what ``_wait`` answers after each failed attempt; for docs and tests)."""
     return [min(backoff_s * 2**n, max_backoff_s) for n in range(retries)]
+
+
+def _wait(backoff_s: float, max_backoff_s: float) -> wait_exponential:
+    """tenacity's wait after failed attempt n: ``backoff_s * 2**(n-1)``, at most the cap."""
+    return wait_exponential(multiplier=backoff_s, exp_base=2, min=0, max=max_backoff_s)
+
+
+def _connect_once(url: str) -> Engine:
+    """One attempt: an engine with the schema at head; disposed of if the attempt fails."""
+    engine = make_engine(url, **engine_kwargs(url))
+    try:
+        ensure_schema(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
 
 
 def open_store(
@@ -86,39 +114,54 @@ def open_store(
     if backoff_s < 0:
         raise ValueError(f"backoff_s must be >= 0, got {backoff_s}")
     masked = mask_url(url)
-    delays = backoff_delays(retries, backoff_s, max_backoff_s)
     attempts = retries + 1
-    start = time.monotonic()
-    last: BaseException | None = None
-    for attempt in range(1, attempts + 1):
-        engine = make_engine(url, **engine_kwargs(url))
-        try:
-            ensure_schema(engine)
-            if attempt > 1:
-                log.info("coordination store %s answered at attempt %d", masked, attempt)
-            return engine
-        except BaseException as exc:
-            engine.dispose()
-            if not is_connection_error(exc):
-                raise
-            last = exc
-        if attempt == attempts:
-            break
-        delay = delays[attempt - 1]
+
+    def before_sleep(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        assert error is not None  # only failed attempts are retried
+        delay = state.upcoming_sleep
         log.warning(
             "coordination store %s is unreachable (attempt %d of %d): %s; retrying in %.1f s",
             masked,
-            attempt,
+            state.attempt_number,
             attempts,
-            first_line(last),
+            first_line(error),
             delay,
         )
         if on_retry is not None:
-            on_retry(attempt, last, delay)
-        sleep(delay)
-    assert last is not None
-    elapsed = time.monotonic() - start
-    raise StoreUnreachableError(
+            on_retry(state.attempt_number, error, delay)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=_wait(backoff_s, max_backoff_s),
+        retry=retry_if_exception(is_connection_error),
+        before_sleep=before_sleep,
+        sleep=sleep,
+    )
+    start = time.monotonic()
+    try:
+        engine = retrying(_connect_once, url)
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        assert last is not None
+        elapsed = time.monotonic() - start
+        raise _unreachable(masked, attempts, retries, backoff_s, elapsed, last) from last
+    attempt = int(retrying.statistics.get("attempt_number", 1))
+    if attempt > 1:
+        log.info("coordination store %s answered at attempt %d", masked, attempt)
+    return engine
+
+
+def _unreachable(
+    masked: str,
+    attempts: int,
+    retries: int,
+    backoff_s: float,
+    elapsed: float,
+    last: BaseException,
+) -> StoreUnreachableError:
+    """The one-line error after the last failed attempt (raised from the last error)."""
+    return StoreUnreachableError(
         f"cannot reach the coordination store {masked}: {attempts} "
         f"attempt{'s' if attempts != 1 else ''} failed in {elapsed:.1f} s "
         f"(store_connect_retries={retries}, store_connect_backoff_s={backoff_s:g}); last "
@@ -126,4 +169,4 @@ def open_store(
         "that the finalckpt store_url (or the finalckpt_default connection) points to it",
         url=masked,
         attempts=attempts,
-    ) from last
+    )

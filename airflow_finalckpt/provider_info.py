@@ -1,0 +1,185 @@
+"""What Airflow's ProvidersManager learns about airflow-finalckpt (``apache_airflow_provider``).
+
+``get_provider_info()`` follows Airflow's ``provider_info.schema.json``. Airflow reads it in every
+component once providers are discovered: ``airflow providers list`` / ``get airflow-finalckpt``
+show the package, ``airflow config list --section finalckpt`` shows the ``[finalckpt]`` section
+with the defaults below, ``@task.finalckpt_stage`` is the stage decorator and the "Pipeline"
+extra link deserializes without the plugin.
+
+``CONFIG_OPTIONS`` is the one table of the ``[finalckpt]`` options: ``config.py`` takes its
+defaults from it too, so Airflow's config and the Airflow-free path (the Spark driver, the CLI
+without Airflow) agree. Defaults are ``str.format`` templates as in Airflow's own config.yml:
+``{AIRFLOW_HOME}`` is expanded, literal braces are doubled.
+
+No connection type is declared: the coordination store is an ordinary ``postgres`` or ``sqlite``
+connection (``finalckpt_default`` unless a stage names another), see ``hooks/finalckpt.py``.
+
+Stdlib only: Airflow imports this module while it discovers providers, in every process.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+PACKAGE_NAME = "airflow-finalckpt"
+SECTION = "finalckpt"
+#: First package version of every option below (Airflow's ``version_added``).
+FIRST_VERSION = "0.1.0"
+
+
+def _option(
+    description: str, kind: str, default: str | None, example: str | None
+) -> dict[str, Any]:
+    """One option in the shape of Airflow's ``config.yml`` (provider_info ``config`` schema)."""
+    return {
+        "description": description,
+        "version_added": FIRST_VERSION,
+        "type": kind,
+        "example": example,
+        "default": default,
+    }
+
+
+#: The ``[finalckpt]`` options: description, type, default (a template) and example.
+CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
+    "store_url": _option(
+        "SQLAlchemy URL of the coordination store: postgresql+psycopg:// (clusters) or an "
+        "absolute sqlite:////path.db. AIRFLOW__FINALCKPT__STORE_URL wins over the Airflow "
+        "connection finalckpt_default, which wins over this option; keep passwords in that "
+        "connection (any secrets backend).",
+        "string",
+        "sqlite:///{AIRFLOW_HOME}/finalckpt/coordination.db",
+        "postgresql+psycopg://finalckpt@postgres:5432/finalckpt",
+    ),
+    "storage_uri": _option(
+        "Root of the checkpoint storage: an fsspec URI or an absolute local path every worker "
+        "(and Spark driver) sees.",
+        "string",
+        "{AIRFLOW_HOME}/finalckpt/checkpoints",
+        "s3a://bucket/finalckpt",
+    ),
+    "storage_options": _option(
+        "fsspec storage options of storage_uri, a JSON object (credentials are masked in logs).",
+        "string",
+        "{{}}",
+        '{"anon": false}',
+    ),
+    "checkpoint_interval_s": _option(
+        "Seconds between periodic checkpoints of a running pipeline.",
+        "float",
+        "60",
+        "30",
+    ),
+    "checkpoint_timeout_s": _option(
+        "Seconds after which a checkpoint that not every stage acknowledged is aborted.",
+        "float",
+        "600",
+        "900",
+    ),
+    "retain_checkpoints": _option(
+        "Complete checkpoints kept per pipeline (at least 1; savepoints are always kept).",
+        "integer",
+        "3",
+        "5",
+    ),
+    "store_connect_retries": _option(
+        "Retries when the coordination store is unreachable as a task or the triggerer starts "
+        "(0: fail at the first attempt).",
+        "integer",
+        "5",
+        "10",
+    ),
+    "store_connect_backoff_s": _option(
+        "First wait in seconds between store connect attempts; doubles, at most 30 s "
+        "(default: waits 1+2+4+8+16 s).",
+        "float",
+        "1.0",
+        "0.5",
+    ),
+    "target_batch_s": _option(
+        "Target duration in seconds of an auto split batch (a stage's target_batch_s wins).",
+        "float",
+        "30.0",
+        "60",
+    ),
+    "spark_execution": _option(
+        "How stage tasks run Spark when neither the operator nor the Spark connection's "
+        "finalckpt-execution extra says: in-process, submit or connect. Unset: automatic "
+        "(sc:// -> connect, a connection with a deploy-mode extra -> submit, else in-process).",
+        "string",
+        None,
+        "submit",
+    ),
+}
+
+#: Settings of ``config.py``: every option with a default (spark_execution has none).
+SETTING_DEFAULTS: dict[str, str] = {
+    name: option["default"]
+    for name, option in CONFIG_OPTIONS.items()
+    if option["default"] is not None
+}
+
+
+def expand_default(template: str, airflow_home: str) -> str:
+    """A default as Airflow expands it (``str.format`` with ``AIRFLOW_HOME``)."""
+    return template.format(AIRFLOW_HOME=airflow_home)
+
+
+def _package_version() -> str:
+    try:
+        return version(PACKAGE_NAME)
+    except PackageNotFoundError:  # a source checkout on sys.path, not installed
+        return FIRST_VERSION
+
+
+def get_provider_info() -> dict[str, Any]:
+    """The provider description Airflow validates against ``provider_info.schema.json``."""
+    integration = "airflow-finalckpt"
+    return {
+        "package-name": PACKAGE_NAME,
+        "name": "airflow-finalckpt",
+        "description": "Flink-style final checkpoints (FLIP-147) for multi-stage PySpark "
+        "pipelines: exactly-once two-phase-commit sinks, resume without rerunning finished "
+        "stages, stop with drain or savepoint.",
+        "versions": [_package_version()],
+        "integrations": [{"integration-name": integration, "tags": ["software"]}],
+        "operators": [
+            {
+                "integration-name": integration,
+                "python-modules": ["airflow_finalckpt.operators.stage"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": integration,
+                "python-modules": ["airflow_finalckpt.sensors.final_checkpoint"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": integration,
+                "python-modules": ["airflow_finalckpt.hooks.finalckpt"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": integration,
+                "python-modules": ["airflow_finalckpt.triggers.final_checkpoint"],
+            }
+        ],
+        "extra-links": ["airflow_finalckpt.plugins.links.PipelineLink"],
+        "task-decorators": [
+            {
+                "name": "finalckpt_stage",
+                "class-name": "airflow_finalckpt.decorators.stage.finalckpt_stage",
+            }
+        ],
+        "config": {
+            SECTION: {
+                "description": "airflow-finalckpt: coordination store, checkpoint storage, "
+                "checkpointing and Spark execution. Env: AIRFLOW__FINALCKPT__<OPTION>.",
+                "options": CONFIG_OPTIONS,
+            }
+        },
+    }

@@ -1,0 +1,64 @@
+"""The provider's ``[finalckpt]`` table is the one source of the settings' defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from airflow_finalckpt import config
+from airflow_finalckpt.config import PARSERS, FinalCkptSettings, load_settings
+from airflow_finalckpt.provider_info import (
+    CONFIG_OPTIONS,
+    SECTION,
+    SETTING_DEFAULTS,
+    expand_default,
+    get_provider_info,
+)
+from airflow_finalckpt.store import connect
+
+
+def test_every_setting_has_a_documented_option_and_a_default() -> None:
+    assert set(SETTING_DEFAULTS) == set(PARSERS)
+    # spark_execution (read by spark/launch.py) is documented, without default: automatic
+    assert set(CONFIG_OPTIONS) == {*PARSERS, "spark_execution"}
+    assert CONFIG_OPTIONS["spark_execution"]["default"] is None
+    for name, option in CONFIG_OPTIONS.items():
+        assert option["description"] and option["type"] in ("string", "integer", "float"), name
+        assert option["example"], name
+
+
+def test_defaults_resolve_to_the_documented_values(isolated_settings_env: Path) -> None:
+    settings = load_settings()
+    home = str(isolated_settings_env)
+    assert settings.store_url == f"sqlite:///{home}/finalckpt/coordination.db"
+    assert settings.storage_uri == f"{home}/finalckpt/checkpoints"
+    assert settings.storage_options == {}
+    assert set(settings.sources.values()) == {"default"}
+    # the dataclass's own defaults and the connect defaults say the same
+    fields = {f.name: f.default for f in dataclasses.fields(FinalCkptSettings)}
+    for name in PARSERS:
+        if fields[name] is not dataclasses.MISSING:
+            assert getattr(settings, name) == fields[name], name
+    assert settings.store_connect_retries == connect.DEFAULT_CONNECT_RETRIES
+    assert settings.store_connect_backoff_s == connect.DEFAULT_CONNECT_BACKOFF_S
+
+
+def test_defaults_expand_like_airflow() -> None:
+    """Airflow expands a default with ``str.format`` (AIRFLOW_HOME); literal braces doubled."""
+    assert expand_default(SETTING_DEFAULTS["storage_options"], "/h") == "{}"
+    assert expand_default(SETTING_DEFAULTS["storage_uri"], "/h") == "/h/finalckpt/checkpoints"
+    assert config._default("storage_uri").endswith("/finalckpt/checkpoints")
+
+
+def test_provider_info_names_the_package_section_link_and_decorator() -> None:
+    info = get_provider_info()
+    assert info["package-name"] == "airflow-finalckpt"
+    assert info["config"][SECTION]["options"] is CONFIG_OPTIONS
+    assert info["extra-links"] == ["airflow_finalckpt.plugins.links.PipelineLink"]
+    assert info["task-decorators"] == [
+        {
+            "name": "finalckpt_stage",
+            "class-name": "airflow_finalckpt.decorators.stage.finalckpt_stage",
+        }
+    ]
+    assert "connection-types" not in info  # the store is a postgres or sqlite connection
