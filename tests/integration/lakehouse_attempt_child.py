@@ -14,12 +14,12 @@ import sys
 from typing import Any
 
 from airflow_finalckpt.core.coordinator import Coordinator
-from airflow_finalckpt.faults.fake import FakeData, FakePipeline
 from airflow_finalckpt.runtime.runner import CommitMode
 from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink
 from airflow_finalckpt.sinks.staged import StagedTableSink
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
+from faults.fake import FakeData, FakePipeline
 
 
 def make_table_sink(config: dict[str, Any]) -> StagedTableSink:

@@ -24,8 +24,9 @@ import pytest
 
 from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.model import CheckpointState, StageLifecycle
-from airflow_finalckpt.faults.campaign import Environment, RunPlan, verify_against
-from airflow_finalckpt.faults.concurrent import (
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from faults.concurrent import (
     CONCURRENT,
     StageScheduler,
     closes_after_later_checkpoints,
@@ -33,14 +34,13 @@ from airflow_finalckpt.faults.concurrent import (
     last_acks,
     run_stage_to_close,
 )
-from airflow_finalckpt.faults.fake import KEY_COLUMNS
-from airflow_finalckpt.faults.injector import FaultInjector, FaultSpec
-from airflow_finalckpt.faults.points import Action
-from airflow_finalckpt.faults.proxies import FaultyStorage
-from airflow_finalckpt.faults.shapes import SHAPES, Shape, reference_rows
-from airflow_finalckpt.faults.worker import RunSetup, dispose_sinks, make_sinks
-from airflow_finalckpt.storage import CheckpointStorage
-from airflow_finalckpt.store.engine import make_engine
+from faults.fake import KEY_COLUMNS
+from faults.injector import FaultInjector, FaultSpec
+from faults.points import Action
+from faults.proxies import FaultyStorage
+from faults.runs import Environment, RunPlan, verify_against
+from faults.shapes import SHAPES, Shape, reference_rows
+from faults.worker import RunSetup, dispose_sinks, make_sinks
 
 
 def _plan(shape: str, **config: Any) -> RunPlan:

@@ -1,4 +1,4 @@
-"""External faults (``airflow_finalckpt.faults.external``): a real full disk, a restarted
+"""External faults (``faults.external``): a real full disk, a restarted
 PostgreSQL server, faults during a stop with savepoint or drain; each followed by recovery and
 verified like a campaign run (lost, duplicated, orphaned, leaked, pending: all zero).
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from airflow_finalckpt.core.model import StopMode
-from airflow_finalckpt.faults.campaign import Environment, RunReport, main
-from airflow_finalckpt.faults.external import (
+from faults.campaign import main
+from faults.external import (
     STOP_CASES,
     PrivatePostgres,
     StopCase,
@@ -31,7 +31,8 @@ from airflow_finalckpt.faults.external import (
     stop_scenario,
     store_restart_scenario,
 )
-from airflow_finalckpt.faults.worker import FAKE, WorkerHandle
+from faults.runs import Environment, RunReport
+from faults.worker import FAKE, WorkerHandle
 
 pytestmark = pytest.mark.slow
 

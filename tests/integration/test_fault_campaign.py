@@ -1,12 +1,12 @@
 """Exactly-once under faults: the seeded CI fault campaign, zombie attempts, known issues.
 
-- ``test_ci_campaign``: a seeded campaign (``airflow_finalckpt.faults.campaign``) of 36 runs,
+- ``test_ci_campaign``: a seeded campaign (``faults.campaign``) of 36 runs,
   5 of them on real Spark, every fault point fired at least once, plus 42 runs on branching
   graphs (diamond, fan-out/fan-in, wide) whose stages run at the same time in their own
   processes, each run recovered and verified: every figure must be zero, per graph shape too,
   and at least one stage must have closed on a later checkpoint while an earlier one was still
   pending (FLIP-147's out-of-order completion). The same as
-  ``python -m airflow_finalckpt.faults.campaign --runs 36 --spark-runs 5 --concurrent 42
+  ``python -m faults.campaign --runs 36 --spark-runs 5 --concurrent 42
   --seed 20261122``.
 - zombies: two attempts of one stage at once, in two OS processes. The older one stalls in a
   fault point while the newer one runs the stage to the end; then it goes on and must stop itself
@@ -29,20 +29,13 @@ import pytest
 
 from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator
 from airflow_finalckpt.core.model import CheckpointState
-from airflow_finalckpt.faults.campaign import (
-    CampaignResult,
-    Environment,
-    RunPlan,
-    RunReport,
-    execute_run,
-    run_campaign,
-    stale_commits,
-    verify_setup,
-)
-from airflow_finalckpt.faults.injector import FaultSpec, append_event, read_events
-from airflow_finalckpt.faults.points import POINTS, Action
-from airflow_finalckpt.faults.verify import KNOWN_ISSUES, Verdict
-from airflow_finalckpt.faults.worker import (
+from airflow_finalckpt.store.engine import make_engine
+from faults.campaign import CampaignResult, run_campaign
+from faults.injector import FaultSpec, append_event, read_events
+from faults.points import POINTS, Action
+from faults.runs import Environment, RunPlan, RunReport, execute_run, stale_commits, verify_setup
+from faults.verify import KNOWN_ISSUES, Verdict
+from faults.worker import (
     FAKE,
     AttemptJob,
     AttemptOutcome,
@@ -50,7 +43,6 @@ from airflow_finalckpt.faults.worker import (
     WorkerHandle,
     stalled_attempt_main,
 )
-from airflow_finalckpt.store.engine import make_engine
 
 CI_SEED = 20261122
 CI_RUNS = 36
@@ -102,7 +94,7 @@ def test_command_prints_one_summary_line_and_writes_a_report(
 ) -> None:
     import json
 
-    from airflow_finalckpt.faults.campaign import main
+    from faults.campaign import main
 
     report = tmp_path / "report.json"
     assert main(["--runs", "3", "--seed", "5", "--report", str(report)]) == 0

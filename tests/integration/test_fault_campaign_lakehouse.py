@@ -6,7 +6,7 @@
   the commit between the table commit and the sink's marker, before and inside an abort) fires
   in each of the two sinks. After each run's recovery and ``finalckpt gc``: no row lost or
   duplicated, no leaked staged file, one table commit (snapshot / version) per transaction the
-  coordinator committed. The same as ``python -m airflow_finalckpt.faults.campaign --runs 32
+  coordinator committed. The same as ``python -m faults.campaign --runs 32
   --seed 20261124 --sinks iceberg,delta``; docs/guarantees.md has the >= 100-run figures.
 - the verifier itself: a transaction published twice to the table, and a Parquet file left in
   the staging directory, must be reported (so a green campaign means something).
@@ -20,20 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_finalckpt.faults.campaign import (
-    CampaignResult,
-    Environment,
-    RunPlan,
-    execute_run,
-    run_campaign,
-    verify_setup,
-)
-from airflow_finalckpt.faults.injector import FaultInjector, FaultSpec
-from airflow_finalckpt.faults.points import POINTS, Action, Layer
-from airflow_finalckpt.faults.proxies import FaultySink
-from airflow_finalckpt.faults.worker import InProcessWorker, dispose_sinks, make_sinks
 from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink
 from airflow_finalckpt.sinks.staged import COMMITTED_NAME, STAGING_DIR, StagedTableSink
+from faults.campaign import CampaignResult, run_campaign
+from faults.injector import FaultInjector, FaultSpec
+from faults.points import POINTS, Action, Layer
+from faults.proxies import FaultySink
+from faults.runs import Environment, RunPlan, execute_run, verify_setup
+from faults.worker import InProcessWorker, dispose_sinks, make_sinks
 
 CI_SEED = 20261124
 CI_RUNS = 32

@@ -26,13 +26,14 @@ from lakehouse_attempt_child import make_table_sink
 
 from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.model import StageLifecycle, TransactionState
-from airflow_finalckpt.faults.campaign import Environment, RunPlan
-from airflow_finalckpt.faults.fake import KEY_COLUMNS, FakeData, reference_windows
-from airflow_finalckpt.faults.verify import verify_run
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
+from faults.fake import KEY_COLUMNS, FakeData, reference_windows
+from faults.runs import Environment, RunPlan
+from faults.verify import verify_run
 
 CHILD = Path(__file__).with_name("lakehouse_attempt_child.py")
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +70,8 @@ def _attempt(config: dict[str, Any], prefix: list[str] | None = None) -> str:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(CHILD.parent)},
+        # the child imports the fault harness (faults/ at the repository root) and its helpers
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(CHILD.parent)])},
     )
     lines = [line for line in child.stdout.splitlines() if line.strip()]
     assert child.returncode == 0 and lines, child.stdout + child.stderr[-3000:]

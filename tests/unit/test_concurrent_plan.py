@@ -20,7 +20,7 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
 )
 from airflow_finalckpt.core.plan import CheckpointPlan
-from airflow_finalckpt.faults.concurrent import (
+from faults.concurrent import (
     CONCURRENT,
     ShapeCoverage,
     closes_after_later_checkpoints,
@@ -28,8 +28,8 @@ from airflow_finalckpt.faults.concurrent import (
     stage_points,
     straggler,
 )
-from airflow_finalckpt.faults.points import POINTS, Action
-from airflow_finalckpt.faults.shapes import PUBLISH, SHAPES, reference_rows
+from faults.points import POINTS, Action
+from faults.shapes import PUBLISH, SHAPES, reference_rows
 
 EMPTY_PLAN = CheckpointPlan((), (), (), ())
 

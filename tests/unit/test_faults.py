@@ -22,32 +22,25 @@ from sqlalchemy import text, update
 
 from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.errors import StorageError
-from airflow_finalckpt.faults import campaign as campaign_module
-from airflow_finalckpt.faults.campaign import (
-    CampaignResult,
-    Environment,
-    RunPlan,
-    RunReport,
-    execute_run,
-    plan_campaign,
-    stale_commits,
-)
-from airflow_finalckpt.faults.fake import FakeData, reference_windows
-from airflow_finalckpt.faults.injector import (
-    FaultInjector,
-    FaultSpec,
-    InjectedFault,
-    read_events,
-)
-from airflow_finalckpt.faults.points import POINTS, RUNTIME_POINTS, Action, Layer
-from airflow_finalckpt.faults.proxies import FaultyStorage, rename_hook
-from airflow_finalckpt.faults.verify import KNOWN_ISSUES, compare_rows
-from airflow_finalckpt.faults.worker import InProcessWorker, dispose_sinks, make_sinks
 from airflow_finalckpt.runtime import runner as runner_module
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage import atomic as atomic_module
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.engine import make_engine
+from faults import runs as runs_module
+from faults.campaign import CampaignResult, plan_campaign
+from faults.fake import FakeData, reference_windows
+from faults.injector import (
+    FaultInjector,
+    FaultSpec,
+    InjectedFault,
+    read_events,
+)
+from faults.points import POINTS, RUNTIME_POINTS, Action, Layer
+from faults.proxies import FaultyStorage, rename_hook
+from faults.runs import Environment, RunPlan, RunReport, execute_run, stale_commits
+from faults.verify import KNOWN_ISSUES, compare_rows
+from faults.worker import InProcessWorker, dispose_sinks, make_sinks
 
 # ------------------------------------------------------------------------------ points
 
@@ -229,7 +222,7 @@ def clean_run(tmp_path: Path) -> tuple[Environment, RunPlan, RunReport]:
 
 
 def _verify(env: Environment, plan: RunPlan) -> Any:
-    return campaign_module.verify_setup(env, plan, env.setup(plan))
+    return runs_module.verify_setup(env, plan, env.setup(plan))
 
 
 def _coordinator(env: Environment, plan: RunPlan) -> Coordinator:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 
@@ -41,10 +41,10 @@ from airflow_finalckpt.core.model import (
     StateHandle,
     TriggerReason,
 )
-from airflow_finalckpt.faults.injector import FaultInjector, append_event
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage import atomic as atomic_module
+from faults.injector import FaultInjector, append_event
 
 if TYPE_CHECKING:
     import pandas
@@ -54,37 +54,43 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------ coordinator
 
 
-class FaultyCoordinator(Coordinator):
-    """The real coordinator, reporting the coordinator-layer fault points.
+class FaultyCoordinator:
+    """The real coordinator, wrapped: reports the coordinator-layer fault points around the
+    calls it intercepts and hands every other attribute to the wrapped coordinator.
 
-    It also pins the pipeline's options: ``register`` without options (as the example runner
-    calls it) keeps the ones given here instead of resetting them to the defaults.
+    A wrapper, not a subclass, so it follows the coordinator's public methods whatever class
+    implements them; the coordinator never calls these methods on itself, so every call the
+    runtime makes passes through here. It also pins the pipeline's options: ``register``
+    without options (as the example runner calls it) keeps the ones given here instead of
+    resetting them to the defaults.
     """
 
     def __init__(
         self,
-        engine: Engine,
-        pipeline_key: str,
+        inner: Coordinator,
         *,
         injector: FaultInjector,
-        writer: CheckpointWriter | None = None,
         options: CoordinatorOptions | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(engine, pipeline_key, writer=writer, clock=clock)
+        self.inner = inner
         self.injector = injector
         self.options = options
 
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def register(self, graph: StageGraph, options: CoordinatorOptions | None = None) -> None:
-        super().register(graph, options or self.options)
+        self.inner.register(graph, options or self.options)
 
     def _completed(self, checkpoint_id: int | None, stage_id: str | None) -> None:
-        if checkpoint_id is not None and self.checkpoint(checkpoint_id).is_completed:
+        if checkpoint_id is not None and self.inner.checkpoint(checkpoint_id).is_completed:
             self.injector.hit("after-checkpoint-complete", stage_id)
 
     def start_attempt(self, stage_id: str, *, total_splits: int | None = None) -> StageView:
         self.injector.stage = stage_id
-        view = super().start_attempt(stage_id, total_splits=total_splits)
+        view = self.inner.start_attempt(stage_id, total_splits=total_splits)
         self.injector.hit("after-start-attempt", stage_id)
         return view
 
@@ -99,7 +105,7 @@ class FaultyCoordinator(Coordinator):
         watermark: int | None = None,
     ) -> BatchOutcome:
         self.injector.hit("before-ack", stage_id)
-        outcome = super().record_batch(
+        outcome = self.inner.record_batch(
             stage_id,
             epoch,
             finished_splits=finished_splits,
@@ -112,7 +118,7 @@ class FaultyCoordinator(Coordinator):
         return outcome
 
     def finish(self, stage_id: str, epoch: int, snapshot: StageSnapshot) -> FinishOutcome:
-        outcome = super().finish(stage_id, epoch, snapshot)
+        outcome = self.inner.finish(stage_id, epoch, snapshot)
         self._completed(outcome.eager_checkpoint_id, stage_id)
         return outcome
 
@@ -121,20 +127,35 @@ class FaultyCoordinator(Coordinator):
         reason: TriggerReason = TriggerReason.PERIODIC,
         kind: CheckpointKind = CheckpointKind.CHECKPOINT,
     ) -> int | None:
-        checkpoint_id = super().trigger(reason, kind)
+        checkpoint_id = self.inner.trigger(reason, kind)
         self._completed(checkpoint_id, None)
         return checkpoint_id
 
     def ensure_final_checkpoint(self, stage_id: str) -> int | None:
-        checkpoint_id = super().ensure_final_checkpoint(stage_id)
+        checkpoint_id = self.inner.ensure_final_checkpoint(stage_id)
         self._completed(checkpoint_id, stage_id)
         return checkpoint_id
 
     def close(self, stage_id: str, epoch: int, checkpoint_id: int) -> list[SinkTransaction]:
         self.injector.hit("before-close", stage_id)
-        aborted = super().close(stage_id, epoch, checkpoint_id)
+        aborted = self.inner.close(stage_id, epoch, checkpoint_id)
         self.injector.hit("after-close", stage_id)
         return aborted
+
+
+def faulty_coordinator(
+    engine: Engine,
+    pipeline_key: str,
+    *,
+    injector: FaultInjector,
+    writer: CheckpointWriter | None = None,
+    options: CoordinatorOptions | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Coordinator:
+    """A real coordinator behind a :class:`FaultyCoordinator`, typed as the coordinator the
+    runtime takes (the wrapper offers every attribute of it)."""
+    inner = Coordinator(engine, pipeline_key, writer=writer, clock=clock)
+    return cast(Coordinator, FaultyCoordinator(inner, injector=injector, options=options))
 
 
 # ------------------------------------------------------------------------------ storage

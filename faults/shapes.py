@@ -1,6 +1,6 @@
 """Branching graphs for the concurrent fault campaign: diamond, fan-out/fan-in and wide.
 
-The stages reuse the fake pipeline's logic (:mod:`airflow_finalckpt.faults.fake`): sources
+The stages reuse the fake pipeline's logic (:mod:`faults.fake`): sources
 generate rows, ``agg`` stages keep event-time windows, ``relay`` stages pass rows through (a
 join of several upstream stages is a relay: its splits are all their output parts) and
 ``publish`` stages stage every row they read in the run's two sinks. Every agg writes its window
@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_finalckpt.core.graph import StageGraph
-from airflow_finalckpt.faults.fake import (
+from airflow_finalckpt.runtime.runner import Batch, BatchOutput
+from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+from airflow_finalckpt.storage import CheckpointStorage
+from faults.fake import (
     COLUMNS,
     AggLogic,
     FakeData,
@@ -29,9 +32,6 @@ from airflow_finalckpt.faults.fake import (
     PublishLogic,
     _FakeLogic,
 )
-from airflow_finalckpt.runtime.runner import Batch, BatchOutput
-from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
-from airflow_finalckpt.storage import CheckpointStorage
 
 SOURCE = "source"
 AGG = "agg"

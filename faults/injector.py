@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_finalckpt.faults.points import Action, point
+from faults.points import Action, point
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A fault point is a place in the protocol where a process can die, fail or stall. Points of the
 ``runtime`` layer are the ``fault(point)`` calls of ``StageRunner``; every other point is injected
-from outside by the proxies in :mod:`airflow_finalckpt.faults.proxies` (a Coordinator subclass, a
+from outside by the proxies in :mod:`faults.proxies` (a Coordinator subclass, a
 CheckpointStorage subclass, a sink wrapper, and hooks around atomic writes and garbage
 collection), so the runtime and the coordinator need no code for them.
 """

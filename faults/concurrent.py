@@ -1,6 +1,6 @@
 """Fault campaign runs on branching graphs whose stages run at the same time.
 
-A run of a shape (:mod:`airflow_finalckpt.faults.shapes`) is driven like Airflow drives a DAG
+A run of a shape (:mod:`faults.shapes`) is driven like Airflow drives a DAG
 run: a stage starts when all its upstream stages closed, every ready stage starts at once, and
 each stage attempt is its own OS process (forked from a preloaded fork server) with its own
 coordinator, checkpoint storage and sinks over the run's store, like separate Airflow workers.
@@ -36,18 +36,17 @@ from sqlalchemy import Engine, func, select
 from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, StageView
 from airflow_finalckpt.core.errors import FinalCheckpointError, StaleEpochError
 from airflow_finalckpt.core.model import StageLifecycle
-from airflow_finalckpt.faults.injector import FaultInjector, FaultSpec
-from airflow_finalckpt.faults.points import POINTS, Action
-from airflow_finalckpt.faults.shapes import PUBLISH, SHAPES, Shape
-from airflow_finalckpt.faults.worker import AttemptOutcome, RunSetup
+from faults.injector import FaultInjector, FaultSpec
+from faults.points import POINTS, Action
+from faults.runs import Environment, RunPlan, RunReport, _classify, stale_commits, verify_against
+from faults.shapes import PUBLISH, SHAPES, Shape
+from faults.worker import CONCURRENT, AttemptOutcome, RunSetup
 
 if TYPE_CHECKING:
-    from airflow_finalckpt.faults.campaign import Environment, RunPlan, RunReport
     from airflow_finalckpt.runtime.runner import Log, StageRunner
     from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
     from airflow_finalckpt.storage import CheckpointStorage
 
-CONCURRENT = "concurrent"
 #: A stage attempt that runs longer is killed (status hung).
 STAGE_ATTEMPT_TIMEOUT_S = 120.0
 #: A whole run that runs longer is killed and reported hung.
@@ -62,8 +61,8 @@ PRELOAD = (
     "pandas",
     "pyarrow.parquet",
     "sqlalchemy",
-    "airflow_finalckpt.faults.concurrent",
-    "airflow_finalckpt.faults.proxies",
+    "faults.concurrent",
+    "faults.proxies",
     "airflow_finalckpt.runtime.gc",
     "airflow_finalckpt.sinks",
     "airflow_finalckpt.triggers.final_checkpoint",
@@ -110,8 +109,8 @@ def build_runner(
     log: Log,
     fault: Callable[[str], None] | None = None,
 ) -> StageRunner:
-    from airflow_finalckpt.faults.shapes import make_logic, stage_splits
     from airflow_finalckpt.runtime.runner import CommitMode, StageRunner, StageSpec
+    from faults.shapes import make_logic, stage_splits
 
     splits = stage_splits(shape, stage_id, upstream_manifests(coordinator, shape, stage_id))
     publish = shape.stage(stage_id).role == PUBLISH
@@ -200,11 +199,11 @@ def _successor(
     process while the stalled attempt waits in its fault point."""
 
     def run_newer_attempt(stage_id: str) -> None:
-        from airflow_finalckpt.faults.injector import append_event
-        from airflow_finalckpt.faults.proxies import FaultySink
-        from airflow_finalckpt.faults.worker import dispose_sinks, make_sinks
         from airflow_finalckpt.storage import CheckpointStorage
         from airflow_finalckpt.store.engine import make_engine
+        from faults.injector import append_event
+        from faults.proxies import FaultySink
+        from faults.worker import dispose_sinks, make_sinks
 
         recorder = FaultInjector(events_path=setup.events_path, label=f"{label}.successor")
         engine = make_engine(setup.store_url)
@@ -235,13 +234,13 @@ def _coordinator(
     engine: Engine, setup: RunSetup, storage: CheckpointStorage, injector: FaultInjector | None
 ) -> Coordinator:
     from airflow_finalckpt.core.coordinator import CoordinatorOptions
-    from airflow_finalckpt.faults.proxies import FaultyCoordinator
+    from faults.proxies import faulty_coordinator
 
     options = CoordinatorOptions(
         retain_checkpoints=setup.retain_checkpoints,
         checkpoint_timeout_s=setup.checkpoint_timeout_s,
     )
-    return FaultyCoordinator(
+    return faulty_coordinator(
         engine,
         setup.pipeline_key,
         injector=injector or FaultInjector(),
@@ -252,10 +251,10 @@ def _coordinator(
 
 def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
     """Run one stage attempt in this process with its armed faults (a CRASH kills it)."""
-    from airflow_finalckpt.faults.injector import append_event, specs_from
-    from airflow_finalckpt.faults.proxies import FaultySink, FaultyStorage, gc_hook
-    from airflow_finalckpt.faults.worker import dispose_sinks, make_sinks
     from airflow_finalckpt.store.engine import make_engine
+    from faults.injector import append_event, specs_from
+    from faults.proxies import FaultySink, FaultyStorage, gc_hook
+    from faults.worker import dispose_sinks, make_sinks
 
     setup, label, shape = job.setup, job.label, SHAPES[job.shape]
     injector = FaultInjector(
@@ -455,14 +454,8 @@ def _sigkill(pid: int | None) -> None:
 
 def execute_concurrent_run(env: Environment, plan: RunPlan) -> RunReport:
     """Run a concurrent-graph plan to the end (or its timeout), then verify it."""
-    from airflow_finalckpt.faults.campaign import (
-        RunReport,
-        _classify,
-        stale_commits,
-        verify_against,
-    )
-    from airflow_finalckpt.faults.fake import KEY_COLUMNS
-    from airflow_finalckpt.faults.injector import read_events
+    from faults.fake import KEY_COLUMNS
+    from faults.injector import read_events
 
     start = time.monotonic()
     assert plan.shape is not None
@@ -684,7 +677,6 @@ def plan_concurrent_run(
     """A run of ``shape``: about half of its stages get a fault in their first attempt (the
     next point of that stage's coverage queue), sometimes a crash in a second attempt, an
     orphan for the recovery to abort, or a SIGKILL from outside at a random moment."""
-    from airflow_finalckpt.faults.campaign import RunPlan
 
     first: list[FaultSpec] = []
     second: list[FaultSpec] = []

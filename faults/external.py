@@ -1,6 +1,6 @@
 """External faults: a really full file system, a restarted PostgreSQL server, faults during a stop.
 
-The fault points of :mod:`~airflow_finalckpt.faults.points` fail one call from inside the process;
+The fault points of :mod:`~faults.points` fail one call from inside the process;
 these scenarios change the world around a fake-pipeline run instead, then let clean recovery
 attempts finish it (as Airflow retries would) and verify it like any campaign run:
 
@@ -16,7 +16,7 @@ attempts finish it (as Airflow retries would) and verify it like any campaign ru
   completed but the stage not suspended yet, a drained stage finished but not closed, ...); the
   run recovers (and resumes) to the fault-free result.
 
-``python -m airflow_finalckpt.faults.campaign --runs 0 --seed 1 --external all`` runs them all.
+``python -m faults.campaign --runs 0 --seed 1 --external all`` runs them all.
 """
 
 from __future__ import annotations
@@ -38,14 +38,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
-from airflow_finalckpt.faults.fake import FakeData
-from airflow_finalckpt.faults.injector import FaultSpec, read_events
-from airflow_finalckpt.faults.points import Action
-from airflow_finalckpt.faults.worker import AttemptJob, AttemptOutcome, RunSetup
+from faults.fake import FakeData
+from faults.injector import FaultSpec, read_events
+from faults.points import Action
+from faults.runs import (
+    AttemptRunner,
+    Environment,
+    RunPlan,
+    RunReport,
+    stale_commits,
+    verify_against,
+)
+from faults.worker import AttemptJob, AttemptOutcome, RunSetup
 
 if TYPE_CHECKING:
-    from airflow_finalckpt.faults.campaign import AttemptRunner, Environment, RunPlan, RunReport
-    from airflow_finalckpt.faults.verify import Verdict
+    from faults.verify import Verdict
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 #: tmpfs sizes a run fills mid-way, per what lives on the disk (calibrated on 2026-11-23: with
@@ -291,7 +298,6 @@ def execute_scenario(
 ) -> RunReport:
     """Attempt 1 with its faults (and the watched external action), then clean attempts,
     resuming after a savepoint stop, until the pipeline completes; then verify."""
-    from airflow_finalckpt.faults.campaign import RunReport, stale_commits
 
     start = time.monotonic()
     plan = scenario.plan
@@ -339,8 +345,7 @@ def verify(setup: RunSetup, splits: int | None, plan: RunPlan) -> Verdict:
     """verify_run against the reference of the whole input, or of its first ``splits``."""
     import pandas as pd
 
-    from airflow_finalckpt.faults.campaign import verify_against
-    from airflow_finalckpt.faults.fake import KEY_COLUMNS, reference_windows
+    from faults.fake import KEY_COLUMNS, reference_windows
 
     data = FakeData(**(plan.fake or {}))
     if splits is not None:
@@ -365,7 +370,6 @@ def check_interrupted(setup: RunSetup, plan: RunPlan) -> list[str]:
 
 
 def _plan(index: int, name: str, faults: Sequence[FaultSpec] = (), **config: Any) -> RunPlan:
-    from airflow_finalckpt.faults.campaign import RunPlan
 
     plan = RunPlan.single(index, [tuple(faults)], **config)
     return dataclasses.replace(plan, purpose=f"external {name}")
@@ -571,7 +575,6 @@ def _disk_full_run(env: Environment, index: int, target: str, worker: AttemptRun
 def _store_restart_run(
     env: Environment, index: int, worker: AttemptRunner, bindir: Path
 ) -> RunReport:
-    from airflow_finalckpt.faults.campaign import Environment
 
     with PrivatePostgres(bindir) as server:
         pg_env = Environment(
@@ -595,7 +598,6 @@ def run_external(
     """Run the named scenarios (``disk-full``, ``store-restart``, ``stop-savepoint``,
     ``stop-drain``, ``stop`` = both stops, ``all``). One that cannot run here, or whose
     harness fails, is reported as a run with an error saying why."""
-    from airflow_finalckpt.faults.campaign import RunReport
 
     wanted = expand_names(names)
     runs: list[tuple[str, str | None, Callable[[int], RunReport]]] = []
