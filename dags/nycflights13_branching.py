@@ -16,11 +16,6 @@ Environment knobs (all optional):
   FINALCKPT_EXAMPLE_LAKEHOUSE=1  also publish to Iceberg (SQLite catalog, warehouse in the output
                             directory) and Delta Lake (needs the lakehouse extra)
   FINALCKPT_EXAMPLE_DAYS    how many days of 2013 to process (default 365)
-  FINALCKPT_EXAMPLE_RETRIES task retries (default 2)
-  FINALCKPT_EXAMPLE_CRASH   "enrich:N": the first enrich attempt fails after N batches
-  FINALCKPT_EXAMPLE_CRASH_HARD=1  ...by killing its process (like SIGKILL) instead of raising
-  FINALCKPT_EXAMPLE_BATCH_DELAY_S seconds to sleep in every enrich batch (tests)
-  FINALCKPT_EXAMPLE_INGEST_DELAY_S seconds to sleep in every ingest batch (tests)
 """
 
 from __future__ import annotations

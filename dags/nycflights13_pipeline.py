@@ -9,11 +9,6 @@ Environment knobs (all optional):
   FINALCKPT_EXAMPLE_OUTPUT  where the Parquet table goes (default $AIRFLOW_HOME/finalckpt/output)
   FINALCKPT_EXAMPLE_SQL_URL the SQL sink database (default SQLite in the output directory)
   FINALCKPT_EXAMPLE_DAYS    how many days of 2013 to process (default 365)
-  FINALCKPT_EXAMPLE_RETRIES task retries (default 2)
-  FINALCKPT_EXAMPLE_CRASH   "enrich:N": the first enrich attempt fails after N batches
-  FINALCKPT_EXAMPLE_CRASH_HARD=1  ...by killing its process (like SIGKILL) instead of raising
-  FINALCKPT_EXAMPLE_BATCH_DELAY_S seconds to sleep in every enrich batch (tests)
-  FINALCKPT_EXAMPLE_INGEST_DELAY_S seconds to sleep in every ingest batch (tests)
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from airflow_finalckpt.examples.nycflights13.reference import (
     reference_pipeline,
 )
 
-REPO_DAG = Path(__file__).resolve().parents[2] / "dags" / "nycflights13_pipeline.py"
+#: dags/nycflights13_pipeline.py with the test knobs (no retries, FINALCKPT_EXAMPLE_CRASH)
+KNOBS_DAG = Path(__file__).resolve().parents[1] / "fixtures" / "dags" / "nycflights13_pipeline.py"
 DAYS = 10
 
 pytestmark = pytest.mark.slow
@@ -40,12 +41,11 @@ def example(airflow_home: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "FINALCKPT_EXAMPLE_INPUT": str(work / "input"),
         "FINALCKPT_EXAMPLE_OUTPUT": str(work / "output"),
         "FINALCKPT_EXAMPLE_DAYS": str(DAYS),
-        "FINALCKPT_EXAMPLE_RETRIES": "0",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     target = airflow_home.dags_folder / "nycflights13_pipeline.py"
-    shutil.copy(REPO_DAG, target)
+    shutil.copy(KNOBS_DAG, target)
     spec = importlib.util.spec_from_file_location("nycflights13_pipeline_test", target)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

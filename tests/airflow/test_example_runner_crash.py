@@ -24,10 +24,16 @@ from airflow_finalckpt.examples.nycflights13.run import CRASH_SPEC, crash_report
 pytestmark = pytest.mark.slow
 
 DAG_SOURCE = """
+from airflow_finalckpt.examples.nycflights13.crash import crash_hook
 from airflow_finalckpt.examples.nycflights13.dag import build_dag
 
 dag = build_dag(
-    DAG_ID, input_dir=INPUT, output_dir=OUTPUT, days=DAYS, retries=0, crash=lambda: CRASH[0]
+    DAG_ID,
+    input_dir=INPUT,
+    output_dir=OUTPUT,
+    days=DAYS,
+    retries=0,
+    batch_hooks={"enrich": crash_hook(lambda: CRASH[0])},
 )
 """
 

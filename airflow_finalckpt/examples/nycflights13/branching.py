@@ -1,5 +1,6 @@
 """The branching example pipeline as a DAG factory: ``dags/nycflights13_branching.py`` builds the
-DAG the README runs; tests build more copies of it, each with its own input, output and knobs.
+DAG the README runs; tests build more copies of it, each with its own input and output, and pace
+its branches with ``batch_hooks``.
 
 ::
 
@@ -29,7 +30,6 @@ checkpoints of that moment hold finished, partially finished and not started sta
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -38,10 +38,10 @@ from airflow.sdk import DAG, Asset
 from airflow_finalckpt.decorators import finalckpt_stage
 from airflow_finalckpt.examples.nycflights13 import stages, transforms
 from airflow_finalckpt.examples.nycflights13.dag import (
-    Knob,
-    _value,
+    BatchHook,
     example_dag,
     prepare_input_task,
+    run_hooks,
 )
 from airflow_finalckpt.examples.nycflights13.data import open_layout
 from airflow_finalckpt.sinks import (
@@ -139,13 +139,7 @@ def build_branching_dag(
     retries: int = 2,
     batch_sizes: Mapping[str, int | str] | None = None,
     spark_conf: Mapping[str, str] | None = None,
-    ingest_delay_s: Knob[float] = 0.0,
-    weather_delay_s: Knob[float] = 0.0,
-    enrich_delay_s: Knob[float] = 0.0,
-    windows_delay_s: Knob[float] = 0.0,
-    carrier_delay_s: Knob[float] = 0.0,
-    crash: Knob[str | None] = None,
-    crash_hard: Knob[bool] = False,
+    batch_hooks: Mapping[str, BatchHook] | None = None,
     windows_asset: str = "nycflights13_delay_windows",
     carrier_asset: str = "nycflights13_carrier_daily",
     lakehouse: bool = False,
@@ -157,20 +151,17 @@ def build_branching_dag(
     :param batch_sizes: per stage, a fixed split count instead of the default ``"auto"``
         (tests that need a known batch structure).
     :param spark_conf: Spark settings of every stage's session (the operator's ``spark_conf``).
-    :param ingest_delay_s: / ``weather_delay_s`` / ``enrich_delay_s`` / ``windows_delay_s`` /
-        ``carrier_delay_s``: seconds each batch of that stage sleeps (tests use them to pace
-        the branches, or pass a callable that blocks until the test lets the batch go on).
-    :param crash: ``"enrich:N"``: the first enrich attempt fails after N batches (``crash_hard``:
-        by killing its own process, like SIGKILL); see ``stages.crash_if_requested``.
+    :param batch_hooks: per stage id, a hook run at the start of each of its batches (tests pace
+        the branches with it, or block until the test lets the batch go on; the demo's
+        ``crash.crash_hook`` fails enrich mid-way).
     :param lakehouse: also publish both tables to Iceberg and Delta Lake (``branching_sinks``;
         needs the ``lakehouse`` extra: pyiceberg, deltalake).
-
-    The test knobs take a value or a callable read when the task runs.
     """
     sinks = branching_sinks(output_dir, sql_url, lakehouse=lakehouse)
     sizes = dict(batch_sizes or {})
     conf = dict(spark_conf or {})
     enrich_logic = enrich_transform(input_dir)
+    hooks = dict(batch_hooks or {})
     with example_dag(dag_id, retries, doc_md or __doc__) as dag:
         prepare_input = prepare_input_task(input_dir, output_dir, days)
 
@@ -180,27 +171,26 @@ def build_branching_dag(
             batch_size=sizes.get("ingest", "auto"),
         )
         def ingest(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(ingest_delay_s))
+            run_hooks(hooks, ctx)
             return stages.ingest_transform(input_dir)(ctx)
 
         @finalckpt_stage(
             splits=list(ORIGINS), batch_size=sizes.get("weather", "auto"), spark_conf=conf
         )
         def weather(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(weather_delay_s))
+            run_hooks(hooks, ctx)
             return weather_transform(input_dir)(ctx)
 
         @finalckpt_stage(
             primary_input="ingest", batch_size=sizes.get("enrich", "auto"), spark_conf=conf
         )
         def enrich(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(enrich_delay_s))
-            stages.crash_if_requested(ctx, _value(crash), hard=_value(crash_hard))
+            run_hooks(hooks, ctx)
             return enrich_logic(ctx)
 
         @finalckpt_stage(batch_size=sizes.get("delay_windows", "auto"), spark_conf=conf)
         def delay_windows(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(windows_delay_s))
+            run_hooks(hooks, ctx)
             return stages.windows_transform(ctx)
 
         @delay_windows.finish
@@ -217,6 +207,7 @@ def build_branching_dag(
             sinks=sinks["delay_windows"],
         )
         def publish(ctx: BatchContext) -> DataFrame | None:
+            run_hooks(hooks, ctx)
             return stages.publish_transform(ctx)
 
         @finalckpt_stage(
@@ -227,7 +218,7 @@ def build_branching_dag(
             sinks=sinks["carrier_daily"],
         )
         def carrier_daily(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(carrier_delay_s))
+            run_hooks(hooks, ctx)
             return carrier_daily_transform(ctx)
 
         enriched = enrich()

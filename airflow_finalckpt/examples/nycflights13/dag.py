@@ -1,5 +1,6 @@
 """The example pipeline as a DAG factory: ``dags/nycflights13_pipeline.py`` builds the DAG users
-run; tests build more copies of it, each with its own input, output and knobs.
+run; tests build more copies of it, each with its own input and output, and pass their pacing or
+injected crashes as ``batch_hooks`` (never the DAG files).
 
 prepare_input -> ingest (one split per day) -> enrich (broadcast join with airlines, airports,
 planes, weather) -> delay_windows (hourly event-time windows per origin airport) -> publish
@@ -9,11 +10,10 @@ planes, weather) -> delay_windows (hourly event-time windows per origin airport)
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from airflow.sdk import DAG, Asset, task
 
@@ -28,30 +28,28 @@ if TYPE_CHECKING:
     from airflow_finalckpt.spark.stage import BatchContext
 
 
-T = TypeVar("T")
-#: A test knob: a value, or a callable giving it when the task runs.
-Knob: TypeAlias = T | Callable[[], T]
-
-
-def _value(knob: Knob[T]) -> T:
-    return knob() if callable(knob) else knob
+#: Runs at the start of every batch of one stage, before its transform (what tests pace
+#: branches or inject crashes with: see ``crash.crash_hook``).
+BatchHook: TypeAlias = Callable[["BatchContext"], None]
 
 
 def env_settings() -> dict[str, Any]:
-    """The example DAG files' arguments from ``FINALCKPT_EXAMPLE_*`` (see their docstrings);
-    the test knobs are read when a task runs, so tests can change them between DAG runs."""
+    """The example DAG files' input, output and days from ``FINALCKPT_EXAMPLE_*`` (see their
+    docstrings)."""
     home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "finalckpt"
     return {
         "input_dir": os.environ.get("FINALCKPT_EXAMPLE_INPUT", str(home / "input")),
         "output_dir": os.environ.get("FINALCKPT_EXAMPLE_OUTPUT", str(home / "output")),
         "sql_url": os.environ.get("FINALCKPT_EXAMPLE_SQL_URL"),
         "days": int(os.environ.get("FINALCKPT_EXAMPLE_DAYS", "365")),
-        "retries": int(os.environ.get("FINALCKPT_EXAMPLE_RETRIES", "2")),
-        "ingest_delay_s": lambda: float(os.environ.get("FINALCKPT_EXAMPLE_INGEST_DELAY_S", "0")),
-        "enrich_delay_s": lambda: float(os.environ.get("FINALCKPT_EXAMPLE_BATCH_DELAY_S", "0")),
-        "crash": lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH"),
-        "crash_hard": lambda: os.environ.get("FINALCKPT_EXAMPLE_CRASH_HARD") == "1",
     }
+
+
+def run_hooks(hooks: Mapping[str, BatchHook], ctx: BatchContext) -> None:
+    """Run the batch hook of ``ctx``'s stage, if it has one."""
+    hook = hooks.get(ctx.stage_id)
+    if hook is not None:
+        hook(ctx)
 
 
 def example_dag(dag_id: str, retries: int, doc_md: str | None) -> DAG:
@@ -87,29 +85,22 @@ def build_dag(
     sql_url: str | None = None,
     days: int = 365,
     retries: int = 2,
-    ingest_delay_s: Knob[float] = 0.0,
-    enrich_delay_s: Knob[float] = 0.0,
-    crash: Knob[str | None] = None,
-    crash_hard: Knob[bool] = False,
     asset: str = "nycflights13_delay_windows",
     doc_md: str | None = None,
     batch_sizes: Mapping[str, int | str] | None = None,
+    batch_hooks: Mapping[str, BatchHook] | None = None,
 ) -> DAG:
     """The example pipeline DAG.
 
     :param sql_url: the SQL sink database (default: SQLite in ``output_dir``).
-    :param ingest_delay_s: / :param enrich_delay_s: seconds each batch of that stage sleeps
-        (tests use them to stop or kill a stage mid-way reliably).
     :param batch_sizes: per stage, a fixed split count instead of the default ``"auto"``
         (tests that need a known batch structure).
-    :param crash: ``"enrich:N"``: the first enrich attempt fails after N batches (``crash_hard``:
-        by killing its own process, like SIGKILL).
-
-    The test knobs take a value or a callable read when the task runs (e.g. from the
-    environment, so a test can change them between DAG runs).
+    :param batch_hooks: per stage id, a hook run at the start of each of its batches (tests:
+        pacing, so that a stop or a kill lands mid-way; the demo's injected crash).
     """
     sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
     sizes = dict(batch_sizes or {})
+    hooks = dict(batch_hooks or {})
     with example_dag(dag_id, retries, doc_md or __doc__) as dag:
         prepare_input = prepare_input_task(input_dir, output_dir, days)
 
@@ -118,17 +109,17 @@ def build_dag(
             batch_size=sizes.get("ingest", "auto"),
         )
         def ingest(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(ingest_delay_s))
+            run_hooks(hooks, ctx)
             return stages.ingest_transform(input_dir)(ctx)
 
         @finalckpt_stage(batch_size=sizes.get("enrich", "auto"))
         def enrich(ctx: BatchContext) -> DataFrame | None:
-            time.sleep(_value(enrich_delay_s))
-            stages.crash_if_requested(ctx, _value(crash), hard=_value(crash_hard))
+            run_hooks(hooks, ctx)
             return stages.enrich_transform(input_dir)(ctx)
 
         @finalckpt_stage(batch_size=sizes.get("delay_windows", "auto"))
         def delay_windows(ctx: BatchContext) -> DataFrame | None:
+            run_hooks(hooks, ctx)
             return stages.windows_transform(ctx)
 
         @delay_windows.finish
@@ -147,6 +138,7 @@ def build_dag(
             ],
         )
         def publish(ctx: BatchContext) -> DataFrame | None:
+            run_hooks(hooks, ctx)
             return stages.publish_transform(ctx)
 
         prepare_input >> ingest() >> enrich() >> delay_windows() >> publish()

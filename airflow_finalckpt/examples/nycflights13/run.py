@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,14 +73,30 @@ def _migrate_airflow() -> None:
     subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True)
 
 
-def _load_dag() -> Any:
+def _load_dag(crash: Callable[[], str | None] | None = None) -> Any:
+    """The DAG of ``dags/nycflights13_branching.py``; with ``crash`` (the crash spec, read when
+    a batch runs) the same DAG built by its factory with the demo's crash hook on enrich and no
+    retries (the DAG file has no test knobs)."""
     spec = importlib.util.spec_from_file_location(
         "nycflights13_branching", REPO_DAGS / "nycflights13_branching.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.dag
+    if crash is None:
+        return module.dag
+    from airflow_finalckpt.examples.nycflights13.branching import build_branching_dag
+    from airflow_finalckpt.examples.nycflights13.crash import crash_hook
+    from airflow_finalckpt.examples.nycflights13.dag import env_settings
+
+    return build_branching_dag(
+        module.dag.dag_id,
+        doc_md=module.__doc__,
+        lakehouse=os.environ.get("FINALCKPT_EXAMPLE_LAKEHOUSE") == "1",
+        retries=0,
+        batch_hooks={"enrich": crash_hook(crash)},
+        **env_settings(),
+    )
 
 
 @dataclass(frozen=True)
@@ -94,7 +111,7 @@ def describe_crash(
     state: str, outcome: dict[str, Any] | None, lifecycle: str, finished: int, total: int | None
 ) -> CrashReport:
     """The truth about the injected crash, from the first DAG run's state, the crash marker
-    (``stages.crash_outcome``) and enrich's stored progress; ``fired`` only if all three agree
+    (``crash.crash_outcome``) and enrich's stored progress; ``fired`` only if all three agree
     that enrich failed mid-way with part of its splits recorded."""
     of = f"{finished} of {total}" if total is not None else f"{finished}"
     progress = f"enrich is {lifecycle} with {of} splits recorded"
@@ -124,7 +141,7 @@ def crash_report(key: str, state: str) -> CrashReport:
     from airflow_finalckpt.config import load_settings
     from airflow_finalckpt.core.coordinator import Coordinator
     from airflow_finalckpt.core.errors import FinalCheckpointError
-    from airflow_finalckpt.examples.nycflights13.stages import crash_outcome
+    from airflow_finalckpt.examples.nycflights13.crash import crash_outcome
     from airflow_finalckpt.store.engine import make_engine
 
     settings = load_settings()
@@ -250,10 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     key = args.pipeline_key or f"nycflights13-{uuid.uuid4().hex[:8]}"
     _configure_environment(args.home.resolve(), args.days, args.lakehouse, key)
     _migrate_airflow()
-    if args.crash_mid_enrich:
-        os.environ["FINALCKPT_EXAMPLE_CRASH"] = CRASH_SPEC
-        os.environ["FINALCKPT_EXAMPLE_RETRIES"] = "0"
-    dag = _load_dag()
+    armed: list[str | None] = [CRASH_SPEC]
+    dag = _load_dag((lambda: armed[0]) if args.crash_mid_enrich else None)
     print(
         f"==> pipeline key {key}: {args.days} days of nycflights13 through 6 stages (two branches)"
     )
@@ -262,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     state = _run(dag, key)
     crashed = True
     if args.crash_mid_enrich:
-        os.environ.pop("FINALCKPT_EXAMPLE_CRASH")
+        armed[0] = None  # the next DAG run resumes without a crash
         crash = crash_report(key, state)
         crashed = crash.fired
         print(f"==> {crash.message}")

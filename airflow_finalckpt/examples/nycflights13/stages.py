@@ -9,10 +9,7 @@ The same functions back the Airflow DAG in ``dags/`` and the Airflow-free tests.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import DataFrame
 
@@ -101,74 +98,3 @@ def example_stages(input_dir: str) -> list[ExampleStage]:
         ExampleStage("delay_windows", windows_transform, windows_finish, primary_input="enrich"),
         ExampleStage("publish", publish_transform, primary_input="delay_windows"),
     ]
-
-
-class InjectedCrash(RuntimeError):
-    """The demo's injected fault (``FINALCKPT_EXAMPLE_CRASH``)."""
-
-
-def crash_if_requested(ctx: BatchContext, spec: str | None, *, hard: bool = False) -> None:
-    """Fault injection for the demo: ``"enrich:N"`` fails enrich's first attempt when it starts
-    batch N+1 (N batches recorded before), once. ``hard`` kills the process (like a SIGKILL of
-    the worker) instead of raising. When the stage's splits run out before batch N+1 (too few
-    splits, or batches that take them all) nothing is injected. Either way the JSON file
-    ``faults/<stage>.crashed`` beside the state says what happened (see ``crash_outcome``)."""
-    if not spec or ctx.logic is None:
-        return
-    stage_id, _, count = spec.partition(":")
-    if stage_id != ctx.stage_id:
-        return
-    marker = _fault_file(ctx, "crashed")
-    if os.path.exists(marker):
-        return
-    progress = _fault_file(ctx, "batches")
-    seen = _read_json(progress) or {"batches": 0, "splits": 0}
-    total = sum(len(m) for m in ctx.logic.upstream_manifests.values()) or None
-    wanted = int(count or 1)
-    outcome = {"after_batches": seen["batches"], "splits_done": seen["splits"], "total": total}
-    if seen["batches"] >= wanted:
-        _write_json(marker, {"fired": True, **outcome})
-        if hard:
-            os._exit(137)
-        raise InjectedCrash(f"injected crash in stage {ctx.stage_id} after {wanted} batches")
-    seen = {"batches": seen["batches"] + 1, "splits": seen["splits"] + len(ctx.splits)}
-    if total is not None and seen["splits"] >= total:  # the last batch: there is no N+1
-        reason = (
-            f"stage {ctx.stage_id} processes its {total} split(s) in {seen['batches']} "
-            f"batch(es); the crash needs a batch {wanted + 1}"
-        )
-        _write_json(marker, {"fired": False, **outcome, "reason": reason})
-        return
-    _write_json(progress, seen)
-
-
-def _fault_file(ctx: BatchContext, suffix: str) -> str:
-    assert ctx.logic is not None
-    path = ctx.logic.storage.resolve_handle(
-        ctx.logic.pipeline_key, f"faults/{ctx.stage_id}.{suffix}"
-    )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    return str(path)
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    return doc if isinstance(doc, dict) else None
-
-
-def _write_json(path: str, doc: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh)
-
-
-def crash_outcome(storage_root: str, pipeline_key: str, stage_id: str) -> dict[str, Any] | None:
-    """What ``crash_if_requested`` did in a pipeline: None if it never ran in that stage."""
-    from airflow_finalckpt.storage import CheckpointStorage
-
-    path = CheckpointStorage(storage_root).resolve_handle(
-        pipeline_key, f"faults/{stage_id}.crashed"
-    )
-    return _read_json(str(path))

@@ -41,8 +41,10 @@ def gate_dir(dag_id: str) -> Path:
     return WORK / "gates" / dag_id
 
 
-def _pace(dag_id: str, stage: str) -> Callable[[], float]:
-    def pace() -> float:
+def _pace(dag_id: str, stage: str) -> Callable[[object], None]:
+    """A batch hook: batch n of ``stage`` waits while its gate file exists."""
+
+    def pace(_ctx: object) -> None:
         n = _batches[(dag_id, stage)] = _batches.get((dag_id, stage), 0) + 1
         gate = gate_dir(dag_id) / f"{stage}-{n}"
         if gate.exists():
@@ -50,7 +52,6 @@ def _pace(dag_id: str, stage: str) -> Callable[[], float]:
             deadline = time.monotonic() + HOLD_S
             while gate.exists() and time.monotonic() < deadline:
                 time.sleep(0.3)
-        return 0.0
 
     return pace
 
@@ -64,8 +65,10 @@ def _copy(dag_id: str, name: str) -> object:
         retries=1,
         batch_sizes=BATCH_SIZES,
         spark_conf=SPARK_CONF,
-        windows_delay_s=_pace(dag_id, "delay_windows"),
-        carrier_delay_s=_pace(dag_id, "carrier_daily"),
+        batch_hooks={
+            "delay_windows": _pace(dag_id, "delay_windows"),
+            "carrier_daily": _pace(dag_id, "carrier_daily"),
+        },
         windows_asset=f"{dag_id}_delay_windows",
         carrier_asset=f"{dag_id}_carrier_daily",
     )

@@ -47,21 +47,20 @@ def _hold(gate: str) -> None:
         time.sleep(0.5)
 
 
-def _carrier_pace() -> float:
+def _carrier_pace(_ctx: object) -> None:
     _batches["carrier_daily"] += 1
     if _batches["carrier_daily"] >= 3:  # the last of its three splits
         _hold("carrier_daily")
-    return 0.0
 
 
-def _windows_pace() -> float:
+def _windows_pace(_ctx: object) -> None:
     from airflow.sdk import get_current_context
 
     _batches["delay_windows"] += 1
     if _batches["delay_windows"] >= 2:
         first = get_current_context()["ti"].try_number == 1
         _hold("delay_windows" if first else "delay_windows_retry")
-    return 1.0
+    time.sleep(1.0)
 
 
 dag = build_branching_dag(
@@ -73,8 +72,7 @@ dag = build_branching_dag(
     retries=2,
     batch_sizes=BATCH_SIZES,
     spark_conf=SPARK_CONF,
-    windows_delay_s=_windows_pace,
-    carrier_delay_s=_carrier_pace,
+    batch_hooks={"delay_windows": _windows_pace, "carrier_daily": _carrier_pace},
     windows_asset=f"{DAG_ID}_delay_windows",
     carrier_asset=f"{DAG_ID}_carrier_daily",
 )

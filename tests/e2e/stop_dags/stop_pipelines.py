@@ -7,6 +7,9 @@ retried, and the retry continues the stage from its durable progress."""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from typing import Any
 
 from airflow_finalckpt.examples.nycflights13.dag import build_dag
 
@@ -16,7 +19,14 @@ DAYS = int(os.environ.get("FINALCKPT_E2E_DAYS", "21"))
 BATCH_SIZES = {"ingest": 7, "enrich": 1, "delay_windows": 4, "publish": 4}
 
 
-def _copy(dag_id: str, name: str, **pace: float) -> object:
+def _sleep(seconds: float) -> Callable[[Any], None]:
+    """A batch hook pacing a stage: each of its batches first sleeps ``seconds``."""
+    return lambda _ctx: time.sleep(seconds)
+
+
+def _copy(
+    dag_id: str, name: str, *, ingest_delay_s: float = 0.0, enrich_delay_s: float = 0.0
+) -> object:
     return build_dag(
         dag_id,
         input_dir=f"{WORK}/input",
@@ -25,7 +35,7 @@ def _copy(dag_id: str, name: str, **pace: float) -> object:
         retries=1,
         asset=f"{dag_id}_windows",
         batch_sizes=BATCH_SIZES,
-        **pace,
+        batch_hooks={"ingest": _sleep(ingest_delay_s), "enrich": _sleep(enrich_delay_s)},
     )
 
 
