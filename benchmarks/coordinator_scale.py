@@ -263,7 +263,7 @@ def measure(
     profile: bool = False,
 ) -> tuple[list[CheckpointCost], dict[str, float], str | None]:
     """Set a store up with a graph of ``size`` and measure ``checkpoints`` checkpoints."""
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.storage import CheckpointStorage
     from airflow_finalckpt.store.engine import make_engine
     from airflow_finalckpt.store.migrate import ensure_schema

@@ -107,7 +107,7 @@ class Store:
         self.storage = CheckpointStorage(str(root / "checkpoints"))
 
     def coordinator(self, stage_ids: tuple[str, ...]) -> Any:
-        from airflow_finalckpt.core.coordinator import Coordinator
+        from airflow_finalckpt.coordination import Coordinator
         from airflow_finalckpt.core.graph import StageGraph
 
         coordinator = Coordinator(self.engine, f"lat-{uuid.uuid4().hex[:10]}", writer=self.storage)

@@ -89,7 +89,7 @@ class Press:
     (wall clock ``time.time``, the coordinator's clock)."""
 
     def __init__(self, ours: Ours, stage: str, mode: Any, where: str, press_batch: int) -> None:
-        from airflow_finalckpt.core.coordinator import Coordinator
+        from airflow_finalckpt.coordination import Coordinator
 
         # A second coordinator object on the same store: the operator's CLI / REST call.
         self.operator = Coordinator(ours.engine, ours.coordinator.pipeline_key, writer=ours.storage)

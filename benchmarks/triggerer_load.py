@@ -43,7 +43,7 @@ def _setup(store_url: str, storage_root: str, waiters: int) -> tuple[Any, list[s
     one eager checkpoint each: see ``fan_in``)."""
     from sqlalchemy import bindparam, update
 
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.core.graph import StageGraph
     from airflow_finalckpt.core.model import EndOfData, StageSnapshot, TriggerReason
     from airflow_finalckpt.storage import CheckpointStorage
@@ -89,7 +89,7 @@ def fan_in(store_url: str, storage_root: str, finishing: int) -> dict[str, float
     """``finishing`` stages finish one by one while a sibling runs, through the real API; then
     the sibling reaches its next batch boundary. Returns the costs and the pending checkpoints
     the finishes left (each finish triggers its own eager checkpoint)."""
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.core.graph import StageGraph
     from airflow_finalckpt.core.model import CheckpointState, EndOfData, StageSnapshot
     from airflow_finalckpt.storage import CheckpointStorage

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
+from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.errors import IllegalTransitionError, StaleEpochError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (

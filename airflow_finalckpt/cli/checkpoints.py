@@ -15,7 +15,7 @@ from rich.table import Table
 
 from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
 from airflow_finalckpt.config import load_settings
-from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator
+from airflow_finalckpt.coordination import CheckpointInfo, Coordinator
 from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.model import MAX_WATERMARK, CheckpointRecord
 from airflow_finalckpt.storage import CheckpointStorage
@@ -81,6 +81,7 @@ def info_to_json(info: CheckpointInfo) -> dict[str, Any]:
         else round(info.completed_at - info.triggered_at, 3),
         "size_bytes": info.size_bytes,
         "failure_reason": info.failure_reason,
+        "failure_kind": None if info.failure_kind is None else info.failure_kind.value,
         "metadata_path": info.metadata_path,
         "statuses": {k: v.value for k, v in info.plan.statuses.items()},
     }
@@ -122,13 +123,19 @@ def list_checkpoints(pipeline: str, as_json: bool, store_url: str | None) -> Non
             str(info.checkpoint_id),
             info.kind.value,
             info.reason.value,
-            info.state.value + (f" ({info.failure_reason})" if info.failure_reason else ""),
+            info.state.value + _failure(info),
             _when(info.triggered_at),
             "-" if doc["duration_s"] is None else f"{doc['duration_s']:.3f}s",
             "-" if info.size_bytes is None else f"{info.size_bytes} B",
             ", ".join(f"{k}={v}" for k, v in sorted(counts.items())),
         )
     _console().print(table)
+
+
+def _failure(info: CheckpointInfo) -> str:
+    """`` (cause: detail)`` of an aborted checkpoint, empty otherwise."""
+    cause = "" if info.failure_kind is None else f"{info.failure_kind.value}: "
+    return f" ({cause}{info.failure_reason})" if info.failure_reason else ""
 
 
 def _storage_for_path(path: str) -> CheckpointStorage:

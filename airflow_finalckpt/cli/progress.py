@@ -29,13 +29,13 @@ from rich.text import Text
 
 from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
 from airflow_finalckpt.cli.checkpoints import info_to_json
-from airflow_finalckpt.core.batching import Throughput
-from airflow_finalckpt.core.coordinator import (
+from airflow_finalckpt.coordination import (
     CheckpointInfo,
     Coordinator,
     StageView,
     StopRequest,
 )
+from airflow_finalckpt.core.batching import Throughput
 from airflow_finalckpt.core.errors import FinalCheckpointError, UnknownPipelineError
 from airflow_finalckpt.core.metadata import load_metadata
 from airflow_finalckpt.core.model import (

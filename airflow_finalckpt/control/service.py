@@ -13,15 +13,16 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, StageView, StopRequest
+from airflow_finalckpt.coordination import CheckpointInfo, Coordinator, StageView, StopRequest
 from airflow_finalckpt.core.errors import (
     DrainedSavepointError,
     ForeignCheckpointError,
     StopRequestError,
     UnknownRunError,
 )
+from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,
@@ -43,7 +44,11 @@ from airflow_finalckpt.core.restore import (
 )
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import read_batch_throughput
-from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.repository import (
+    dag_ids_of,
+    pipeline_keys_newest_first,
+    pipeline_of_dag_run,
+)
 
 
 class PipelineRunState(StrEnum):
@@ -104,6 +109,8 @@ class CheckpointSummary(_Model):
     metadata_path: str | None
     failure_reason: str | None
     stage_statuses: dict[str, StageStatus]
+    #: why it was aborted (the detail is ``failure_reason``)
+    failure_kind: CheckpointFailureReason | None = None
 
 
 class PipelineRunSummary(_Model):
@@ -274,6 +281,7 @@ def _checkpoint_summary(info: CheckpointInfo) -> CheckpointSummary:
         size_bytes=info.size_bytes,
         metadata_path=info.metadata_path,
         failure_reason=info.failure_reason,
+        failure_kind=info.failure_kind,
         stage_statuses=dict(info.plan.statuses),
     )
 
@@ -296,42 +304,25 @@ class PipelineControl:
 
     def resolve(self, dag_id: str, run_id: str) -> str:
         """The pipeline key of a DAG run; UnknownRunError if no stage task of it ran yet."""
-        with self.engine.connect() as conn:
-            key = conn.execute(
-                select(t.dag_runs.c.pipeline_key).where(
-                    t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
-                )
-            ).scalar()
+        key = pipeline_of_dag_run(self.engine, dag_id, run_id)
         if key is None:
             raise UnknownRunError(
                 f"no pipeline run is known for DAG run {run_id!r} of DAG {dag_id!r}: check the "
                 "DAG id and run id (no stage task of that run has started yet?)"
             )
-        return str(key)
+        return key
 
     def coordinator(self, pipeline_key: str) -> Coordinator:
         return Coordinator(self.engine, pipeline_key, writer=self.storage, clock=self.clock)
 
     def dag_ids_of(self, pipeline_key: str) -> set[str]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(t.dag_runs.c.dag_id).where(t.dag_runs.c.pipeline_key == pipeline_key)
-            ).scalars()
-            return {str(r) for r in rows}
+        return dag_ids_of(self.engine, pipeline_key)
 
     # ------------------------------------------------------------------ status
 
     def runs(self, dag_id: str | None = None, *, limit: int = 100) -> list[PipelineRunSummary]:
         """Pipeline runs, newest first; only those of ``dag_id`` if given."""
-        query = select(t.dag_runs.c.pipeline_key, t.dag_runs.c.created_at)
-        if dag_id is not None:
-            query = query.where(t.dag_runs.c.dag_id == dag_id)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(t.dag_runs.c.created_at.desc())).all()
-        keys: list[str] = []
-        for key, _ in rows:
-            if key not in keys:
-                keys.append(str(key))
+        keys = pipeline_keys_newest_first(self.engine, dag_id)
         return [self.summary(key) for key in keys[:limit]]
 
     def summary(self, pipeline_key: str) -> PipelineRunSummary:

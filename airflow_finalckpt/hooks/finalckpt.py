@@ -36,7 +36,7 @@ from airflow_finalckpt.config import (
     resolve_setting,
     store_url_from_connection,
 )
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.connect import RetryCallback, open_store

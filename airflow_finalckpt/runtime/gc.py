@@ -51,9 +51,7 @@ from enum import StrEnum
 from typing import Any
 
 from fsspec import AbstractFileSystem
-from sqlalchemy import and_, select
 
-from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, StageView
 from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
     InvalidGraphError,
@@ -72,10 +70,11 @@ from airflow_finalckpt.core.model import (
     StateHandle,
     output_parts,
 )
+from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.views import CheckpointInfo, StageView
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.atomic import TEMP_MARKER
 from airflow_finalckpt.storage.paths import normalize_state_path, parse_checkpoint_dir_name
-from airflow_finalckpt.store import schema as t
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +201,7 @@ class _Refs:
 
 class _Collector:
     def __init__(
-        self, coordinator: Coordinator, storage: CheckpointStorage, grace_s: float, now: float
+        self, coordinator: CoordinatorPort, storage: CheckpointStorage, grace_s: float, now: float
     ) -> None:
         self.coordinator = coordinator
         self.storage = storage
@@ -275,28 +274,10 @@ class _Collector:
     def pending_acks(self) -> dict[int, dict[str, bool]]:
         """Snapshots pending checkpoints were acknowledged with (they will be recorded as is);
         returns checkpoint id -> stage id -> acknowledged by finish."""
-        acks, cks = t.acks, t.checkpoints
-        query = (
-            select(acks.c.checkpoint_id, acks.c.stage_id, acks.c.by_finish, acks.c.snapshot)
-            .join(
-                cks,
-                and_(
-                    cks.c.pipeline_key == acks.c.pipeline_key,
-                    cks.c.checkpoint_id == acks.c.checkpoint_id,
-                ),
-            )
-            .where(
-                acks.c.pipeline_key == self.key,
-                cks.c.state == CheckpointState.PENDING.value,
-            )
-        )
         result: dict[int, dict[str, bool]] = {}
-        with self.coordinator.engine.connect() as conn:
-            rows = conn.execute(query).all()
-        for cid, sid, by_finish, snapshot in rows:
-            snap = StageSnapshot.model_validate(snapshot or {})
-            self.add_snapshot(str(sid), snap, f"pending checkpoint {cid} (acknowledged)")
-            result.setdefault(int(cid), {})[str(sid)] = bool(by_finish)
+        for cid, sid, by_finish, snap in self.coordinator.pending_ack_snapshots():
+            self.add_snapshot(sid, snap, f"pending checkpoint {cid} (acknowledged)")
+            result.setdefault(cid, {})[sid] = by_finish
         return result
 
     def read_record(self, info: CheckpointInfo) -> CheckpointRecord | None:
@@ -521,7 +502,7 @@ class _Index:
 
 
 def collect_garbage(
-    coordinator: Coordinator,
+    coordinator: CoordinatorPort,
     storage: CheckpointStorage,
     *,
     dry_run: bool = False,
@@ -794,7 +775,7 @@ def _why_needed(
 # ---------------------------------------------------------------------------- after close
 
 
-def collect_after_close(coordinator: Coordinator, logic: object, stage_log: Any = None) -> None:
+def collect_after_close(coordinator: CoordinatorPort, logic: object, stage_log: Any = None) -> None:
     """Run a collection after a stage closed; never raises (a failure is logged as a warning).
 
     The storage is the coordinator's checkpoint writer, else the stage logic's ``storage``.

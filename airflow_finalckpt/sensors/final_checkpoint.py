@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import UnknownPipelineError, UnknownStageError
 from airflow_finalckpt.core.model import StageLifecycle
 from airflow_finalckpt.hooks.finalckpt import DEFAULT_CONN_ID, FinalCkptHook

@@ -80,6 +80,9 @@ checkpoints = Table(
     Column("failure_reason", Text, nullable=True),
     Column("metadata_path", Text, nullable=True),
     Column("size_bytes", BigInteger, nullable=True),
+    # Why an ABORTED checkpoint failed (core.failure.CheckpointFailureReason); the detail text
+    # stays in failure_reason.
+    Column("failure_kind", String(20), nullable=True),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
 

@@ -37,18 +37,15 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from airflow_finalckpt.config import load_settings, mask_storage_options, mask_url
-from airflow_finalckpt.core.coordinator import (
-    Coordinator,
-    PipelineSnapshot,
-    StageView,
-    StopRequest,
-)
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
     UnknownPipelineError,
     UnknownStageError,
 )
 from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
+from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.views import PipelineSnapshot, StageView, StopRequest
 from airflow_finalckpt.hooks.finalckpt import shared_engine
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.triggers.snapshots import shared_snapshot
@@ -79,7 +76,7 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
-def stage_view(coordinator: Coordinator, stage_id: str) -> StageView:
+def stage_view(coordinator: CoordinatorPort, stage_id: str) -> StageView:
     """The stage's view; UnknownPipelineError (not UnknownStageError) if the whole pipeline is
     missing, so messages say what is really wrong."""
     try:
@@ -314,7 +311,7 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
         self.storage_uri = storage_uri
         self.storage_options = dict(storage_options or {})
         self.epoch = epoch
-        self._coordinator: Coordinator | None = None
+        self._coordinator: CoordinatorPort | None = None
 
     def _kwargs(self) -> dict[str, Any]:
         kwargs = super()._kwargs()
@@ -334,7 +331,7 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
     def _what(self) -> str:
         return f"the final checkpoint of {self._where()}"
 
-    def _get_coordinator(self) -> Coordinator:
+    def _get_coordinator(self) -> CoordinatorPort:
         if self._coordinator is None:
             storage = CheckpointStorage(self.storage_uri, self.storage_options)
             self._coordinator = Coordinator(
@@ -426,7 +423,7 @@ class StageResumeTrigger(_StagePollingTrigger):
         return True
 
     def _poll_coordinator(self) -> _Poll:
-        coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
+        coordinator: CoordinatorPort = Coordinator(shared_engine(self.store_url), self.pipeline_key)
         view = stage_view(coordinator, self.stage_id)
         if self.epoch is not None and view.epoch != self.epoch:
             return self._stale(self.epoch, view.epoch)
@@ -483,7 +480,7 @@ class StageClosedTrigger(_StagePollingTrigger):
         return True
 
     def _poll_coordinator(self) -> _Poll:
-        coordinator = Coordinator(shared_engine(self.store_url), self.pipeline_key)
+        coordinator: CoordinatorPort = Coordinator(shared_engine(self.store_url), self.pipeline_key)
         try:
             view = stage_view(coordinator, self.stage_id)
         except (UnknownPipelineError, UnknownStageError) as exc:

@@ -17,8 +17,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from airflow_finalckpt.core.coordinator import Coordinator, PipelineSnapshot
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import UnknownPipelineError
+from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.views import PipelineSnapshot
 from airflow_finalckpt.hooks.finalckpt import shared_engine
 
 #: Snapshots nobody asked for in this long are dropped (pipelines come and go with DAG runs).
@@ -64,7 +66,7 @@ def shared_snapshot(
         if entry.read_at >= not_before and time.monotonic() - entry.read_at < max_age:
             return entry.snapshot
         started = time.monotonic()
-        coordinator = Coordinator(shared_engine(store_url), pipeline_key)
+        coordinator: CoordinatorPort = Coordinator(shared_engine(store_url), pipeline_key)
         try:
             snapshot: PipelineSnapshot | None = coordinator.waiting_snapshot()
         except UnknownPipelineError:

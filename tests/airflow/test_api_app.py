@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, MetaData, event, select
 
 from airflow_finalckpt.control import PipelineControl
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData, StageSnapshot, StopMode, TriggerReason
 from airflow_finalckpt.plugins.api import create_app

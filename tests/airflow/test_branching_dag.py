@@ -46,7 +46,7 @@ dag = build_branching_dag(
 def test_branching_dag_publishes_every_output_exactly_once(
     write_dag: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.examples.nycflights13.branching import branching_sinks
     from airflow_finalckpt.examples.nycflights13.run import read_sink, summarize
     from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink

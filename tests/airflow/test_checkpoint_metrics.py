@@ -113,7 +113,7 @@ class StatsdListener:
 
 
 def test_checkpoint_metrics_reach_statsd(airflow_home: Any, tmp_path: Path) -> None:
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.store.engine import make_engine
 
     suffix = uuid.uuid4().hex[:8]

@@ -87,7 +87,7 @@ def _check_sinks(work: Path) -> None:
 
 
 def _coordinator(key: str) -> Any:
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.store.engine import make_engine
 
     return Coordinator(make_engine(os.environ["AIRFLOW__FINALCKPT__STORE_URL"]), key)

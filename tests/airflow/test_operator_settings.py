@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData, StageSnapshot
 from airflow_finalckpt.hooks import finalckpt as hook_module

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import StopMode, StopState
 from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs
 from airflow_finalckpt.examples.nycflights13.local import run_example_locally

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, MetaData, select
 
 from airflow_finalckpt.control import PipelineControl, dag_stage_graph
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData, StageSnapshot, StopMode
 from airflow_finalckpt.hooks import finalckpt as hook_module

@@ -21,7 +21,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 from sqlalchemy import select
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData, StageSnapshot

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData, StageSnapshot, StopMode
 from airflow_finalckpt.hooks.finalckpt import dispose_engines, shared_engine

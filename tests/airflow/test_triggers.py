@@ -19,7 +19,7 @@ from airflow.models.trigger import Trigger
 from airflow.sdk._shared.module_loading import import_string
 from airflow.triggers.base import TriggerEvent
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import StageLifecycle
 from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs
 from airflow_finalckpt.examples.nycflights13.reference import (

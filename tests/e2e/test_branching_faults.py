@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import CheckpointKind, StageLifecycle, StopMode, StopState
 from airflow_finalckpt.examples.nycflights13.data import first_days
 from airflow_finalckpt.examples.nycflights13.reference import (

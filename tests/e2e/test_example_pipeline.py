@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.examples.nycflights13.data import first_days
 from airflow_finalckpt.examples.nycflights13.reference import (
     assert_carrier_daily_match,

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from airflow_finalckpt.control import PipelineControl
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import CheckpointKind, StageLifecycle, StopMode, StopState
 from airflow_finalckpt.examples.nycflights13.data import day_of_split, first_days
 from airflow_finalckpt.examples.nycflights13.reference import (

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from airflow_finalckpt.cli.main import main
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StageSnapshot, StageStatus, TriggerReason
 from airflow_finalckpt.storage import CheckpointStorage

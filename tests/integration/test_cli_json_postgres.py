@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StopMode
 from airflow_finalckpt.storage import CheckpointStorage

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from airflow_finalckpt.cli import progress as progress_cli
 from airflow_finalckpt.cli.main import main
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
     EndOfData,

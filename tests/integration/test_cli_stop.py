@@ -23,7 +23,7 @@ from sqlalchemy import select
 from airflow_finalckpt.cli import stop as stop_cli
 from airflow_finalckpt.cli.main import main
 from airflow_finalckpt.control import PipelineControl, PipelineRunState
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import (
     CheckpointState,
     StageLifecycle,

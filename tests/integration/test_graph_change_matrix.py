@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, select
 
 from airflow_finalckpt.control import PipelineControl
-from airflow_finalckpt.core.coordinator import Coordinator, StartOutcome
+from airflow_finalckpt.coordination import Coordinator, StartOutcome
 from airflow_finalckpt.core.errors import IllegalGraphChangeError, InvalidRunConfError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (

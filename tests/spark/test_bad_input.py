@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import FinalCheckpointError, InvalidGraphError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs, split_path

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import (
     CheckpointState,
     StageLifecycle,

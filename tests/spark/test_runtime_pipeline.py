@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import StageLifecycle
 from airflow_finalckpt.examples.nycflights13.data import first_days, prepare_inputs
 from airflow_finalckpt.examples.nycflights13.local import run_example_locally

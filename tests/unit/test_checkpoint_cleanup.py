@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
+from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
+from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core import observe
-from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.errors import StaleEpochError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (

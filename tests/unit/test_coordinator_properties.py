@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from sqlalchemy import select
 
-from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
+from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.errors import (
     IllegalTransitionError,
     StaleEpochError,

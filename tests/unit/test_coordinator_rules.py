@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.pool import NullPool
 
-from airflow_finalckpt.core.coordinator import (
+from airflow_finalckpt.coordination import (
     AckOutcome,
     Coordinator,
     CoordinatorOptions,
@@ -28,6 +28,7 @@ from airflow_finalckpt.core.errors import (
     UnknownPipelineError,
     UnknownStageError,
 )
+from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,
@@ -328,6 +329,7 @@ def test_decline_aborts_with_the_reason(engine: Engine) -> None:
     assert info.state is CheckpointState.ABORTED
     assert info.failure_reason is not None
     assert "'b'" in info.failure_reason and "executor lost" in info.failure_reason
+    assert info.failure_kind is CheckpointFailureReason.DECLINED
     with pytest.raises(CheckpointNotPendingError, match=rf"checkpoint {cid} is ABORTED"):
         coord.decline(cid, "a", epochs["a"], "again")
     assert coord.acknowledge(cid, "a", epochs["a"]) is AckOutcome.NOT_PENDING
@@ -342,6 +344,7 @@ def test_abort_is_reported_once(engine: Engine) -> None:
     assert coord.abort(cid, "manual abort") is False
     info = coord.checkpoint(cid)
     assert info.state is CheckpointState.ABORTED and info.failure_reason == "manual abort"
+    assert info.failure_kind is CheckpointFailureReason.MANUAL
 
 
 def test_timeout_with_a_fake_clock(engine: Engine, clock: FakeClock) -> None:
@@ -357,6 +360,7 @@ def test_timeout_with_a_fake_clock(engine: Engine, clock: FakeClock) -> None:
     info = coord.checkpoint(cid)
     assert info.state is CheckpointState.ABORTED
     assert info.failure_reason is not None and "timed out" in info.failure_reason
+    assert info.failure_kind is CheckpointFailureReason.EXPIRED
     assert coord.expire_timed_out() == []
     assert coord.acknowledge(cid, "a", epochs["a"]) is AckOutcome.NOT_PENDING
 
@@ -399,6 +403,7 @@ def test_completing_a_checkpoint_subsumes_older_pending_but_not_savepoints(
         assert info.state is CheckpointState.ABORTED, cid
         assert info.failure_reason is not None and "subsumed" in info.failure_reason
         assert "5" in info.failure_reason
+        assert info.failure_kind is CheckpointFailureReason.SUBSUMED
     assert state_of(coord, 2) is CheckpointState.PENDING
     coord.acknowledge(2, "a", epochs["a"])
     assert coord.acknowledge(2, "b", epochs["b"]) is AckOutcome.COMPLETED
@@ -449,6 +454,7 @@ def test_failing_checkpoint_write_aborts_it_and_the_run_goes_on(
     info = coord.checkpoint(cid)
     assert info.state is CheckpointState.ABORTED
     assert info.failure_reason is not None and "bucket is read-only" in info.failure_reason
+    assert info.failure_kind is CheckpointFailureReason.WRITE_FAILED
     assert info.completed_at is None
     # The stage must not be told its checkpoint completed.
     assert outcome is not AckOutcome.COMPLETED

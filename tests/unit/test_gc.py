@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
+from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.errors import UnknownPipelineError
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, CoordinatorOptions
+from airflow_finalckpt.coordination import CheckpointInfo, Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import CheckpointState, StateHandle, TriggerReason
 from airflow_finalckpt.runtime.gc import KeepReason, collect_garbage

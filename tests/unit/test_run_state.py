@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_finalckpt.control.service import PipelineRunState, run_state
-from airflow_finalckpt.core.coordinator import StageView, StopRequest
+from airflow_finalckpt.coordination import StageView, StopRequest
 from airflow_finalckpt.core.model import StageLifecycle, StageSnapshot, StopMode, StopState
 
 L = StageLifecycle

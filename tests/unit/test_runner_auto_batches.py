@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StageLifecycle, StateHandle
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput, StageRunner, StageSpec

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
-from airflow_finalckpt.core.coordinator import (
+from airflow_finalckpt.coordination import (
     Coordinator,
     CoordinatorOptions,
     PipelineSnapshot,
@@ -227,9 +227,9 @@ def assert_agrees(coordinator: Coordinator, clock: Clock) -> PipelineSnapshot:
     for sid in stage_ids:
         assert snap.closable_checkpoint(sid) == coordinator.closable_checkpoint(sid), sid
     # One read at a time: a SQLite read holds the database (BEGIN IMMEDIATE).
-    with coordinator._read() as conn:
+    with coordinator.store.read() as rows:
         work = {
-            sid: coordinator._final_checkpoint_work(conn, sid, expire=True) for sid in stage_ids
+            sid: coordinator._final_checkpoint_work(rows, sid, expire=True) for sid in stage_ids
         }
     assert {sid: snap.final_checkpoint_work(sid, clock.now) for sid in stage_ids} == work
     return snap

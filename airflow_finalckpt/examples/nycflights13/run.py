@@ -139,7 +139,7 @@ def describe_crash(
 def crash_report(key: str, state: str) -> CrashReport:
     """``describe_crash`` for pipeline ``key`` from the configured store and storage."""
     from airflow_finalckpt.config import load_settings
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.core.errors import FinalCheckpointError
     from airflow_finalckpt.examples.nycflights13.crash import crash_outcome
     from airflow_finalckpt.store.engine import make_engine
@@ -180,7 +180,7 @@ def summarize(key: str, days: int, *, lakehouse: bool = False) -> dict[str, Any]
     """The checkpoint history, every stage's state, and every sink checked against pandas."""
     from airflow_finalckpt.cli.checkpoints import info_to_json
     from airflow_finalckpt.config import load_settings
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.examples.nycflights13.branching import branching_sinks
     from airflow_finalckpt.examples.nycflights13.data import first_days
     from airflow_finalckpt.examples.nycflights13.reference import (

@@ -1,0 +1,268 @@
+"""The checkpoint steps the coordinator's transitions share (trigger, acknowledge, complete,
+abort, expire, retention): each reads rows through the locked transition, asks the pure rules
+of ``core.transitions`` and writes the outcome. After-commit work (metrics, discarding files)
+is queued on the transition, never run inside it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from airflow_finalckpt.core import failure, observe
+from airflow_finalckpt.core import transitions as rules
+from airflow_finalckpt.core import transitions_stop as stop_rules
+from airflow_finalckpt.core.failure import CheckpointFailureReason
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.metadata.writer import CheckpointWriter
+from airflow_finalckpt.core.model import CheckpointKind, StopState, TriggerReason
+from airflow_finalckpt.core.plan import calculate_plan
+from airflow_finalckpt.core.views import AckOutcome, draining, timed_out
+from airflow_finalckpt.store.repository import CoordinationStore
+from airflow_finalckpt.store.writes import StoreWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tx:
+    """One locked transition: its rows and the hooks to run once it committed."""
+
+    rows: StoreWriter
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+
+
+class Checkpointing:
+    """The checkpoint steps of one pipeline, inside transitions the facade opens."""
+
+    def __init__(
+        self,
+        store: CoordinationStore,
+        writer: CheckpointWriter | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.key = store.pipeline_key
+        self.writer = writer
+        self.clock = clock
+        #: The parsed graph shape of the last fingerprint seen (the graph JSON is only read
+        #: when the fingerprint changes, not in every transition).
+        self._shape_cache: tuple[str, StageGraph] | None = None
+
+    def shape(self, tx: Tx) -> StageGraph:
+        """The graph's shape, parsed once per fingerprint: the fingerprint hashes exactly that
+        shape, so a cached graph with the same fingerprint plans the same checkpoints."""
+        fingerprint = tx.rows.fingerprint
+        cached = self._shape_cache
+        if cached is None or cached[0] != fingerprint:
+            cached = (fingerprint, StageGraph.from_dict(tx.rows.graph_data()))
+            self._shape_cache = cached
+        return cached[1]
+
+    # ------------------------------------------------------------------ trigger
+
+    def trigger(self, tx: Tx, kind: CheckpointKind, reason: TriggerReason) -> int:
+        """Plan and insert a checkpoint; one with nothing to acknowledge completes at once."""
+        graph = self.shape(tx)
+        rows = tx.rows.stage_rows()
+        plan = calculate_plan(graph, rules.live_progress(graph, rows))
+        checkpoint_id = tx.rows.allocate_id(self.clock())
+        tx.rows.insert_checkpoint(checkpoint_id, kind, reason, plan, self.clock())
+        for sid in rules.covered_on_trigger(plan, rows):
+            tx.rows.stamp_transactions(sid, checkpoint_id)
+        if not plan.to_ack:
+            self.complete(tx, checkpoint_id)
+        return checkpoint_id
+
+    def eager_trigger(self, tx: Tx) -> int | None:
+        """What finishing triggers (see ``transitions_stop.eager_kind``)."""
+        stop = tx.rows.latest_stop()
+        lifecycles = [r.lifecycle for r in tx.rows.stage_rows().values()] if draining(stop) else []
+        kind = stop_rules.eager_kind(stop, lifecycles)
+        if kind is None:
+            return None
+        if kind is CheckpointKind.DRAINED_SAVEPOINT:
+            assert stop is not None
+            return self.trigger_for_stop(tx, stop.request_id, kind)
+        return self.trigger(tx, CheckpointKind.CHECKPOINT, TriggerReason.EAGER_FINAL)
+
+    def trigger_for_stop(self, tx: Tx, request_id: int, kind: CheckpointKind) -> int:
+        """A stop's savepoint: its id is set on the stop before the trigger, so a completion
+        within the trigger finds the stop."""
+        next_id = tx.rows.next_checkpoint_id()
+        tx.rows.update_stop(request_id, savepoint_id=next_id)
+        if stop_rules.completed_at_once(tx.rows.checkpoint_state(next_id)):
+            tx.rows.update_stop(request_id, state=StopState.COMPLETED, finished_at=self.clock())
+        cid = self.trigger(tx, kind, stop_rules.savepoint_reason(kind))
+        assert cid == next_id
+        return cid
+
+    # ------------------------------------------------------------------ acknowledge
+
+    def ack(
+        self, tx: Tx, checkpoint_id: int, stage_id: str, epoch: int, *, by_finish: bool
+    ) -> AckOutcome:
+        """Record the stage's acknowledgement; the last one completes the checkpoint."""
+        state, acks_pending, triggered_at, to_ack = tx.rows.ack_target(checkpoint_id)
+        gate = rules.ack_gate(checkpoint_id, stage_id, state, to_ack)
+        if gate is not None:
+            return gate
+        if tx.rows.acked(checkpoint_id, stage_id):
+            return AckOutcome.DUPLICATE
+        if rules.stamps_on_ack(checkpoint_id, tx.rows.newest_ack(stage_id)):
+            tx.rows.stamp_transactions(stage_id, checkpoint_id)
+        progress = tx.rows.stage_row(stage_id).progress
+        snapshot = rules.ack_snapshot(progress, tx.rows.uncommitted(stage_id))
+        acked_at = self.clock()
+        tx.rows.insert_ack(checkpoint_id, stage_id, epoch, by_finish, snapshot, acked_at)
+        remaining = acks_pending - 1
+        event = observe.CheckpointAcknowledged(
+            self.key,
+            checkpoint_id,
+            stage_id,
+            acked_at - triggered_at,
+            by_finish,
+            remaining == 0,
+        )
+        tx.after_commit.append(partial(observe.notify, event))
+        tx.rows.set_acks_pending(checkpoint_id, remaining)
+        if remaining == 0 and self.complete(tx, checkpoint_id):
+            return AckOutcome.COMPLETED
+        return AckOutcome.ACCEPTED
+
+    # ------------------------------------------------------------------ abort and expire
+
+    def abort(self, tx: Tx, checkpoint_id: int, kind: CheckpointFailureReason, detail: str) -> None:
+        """ABORTED; a stop waiting for this savepoint fails (the run goes on)."""
+        tx.rows.mark_aborted(checkpoint_id, kind, detail)
+        event = observe.CheckpointAborted(self.key, checkpoint_id, detail)
+        tx.after_commit.append(partial(observe.notify, event))
+        stop = rules.stop_settled_by(tx.rows.latest_stop(), checkpoint_id)
+        if stop is not None:
+            tx.rows.update_stop(
+                stop.request_id,
+                state=StopState.FAILED,
+                finished_at=self.clock(),
+                failure_reason=failure.savepoint_aborted(checkpoint_id, detail),
+            )
+
+    def expire(self, tx: Tx) -> list[int]:
+        """Abort pending checkpoints older than the checkpoint timeout."""
+        timeout_s = tx.rows.timeout_s
+        expired = timed_out(tx.rows.pending(), self.clock(), timeout_s)
+        for cid in expired:
+            self.abort(tx, cid, CheckpointFailureReason.EXPIRED, failure.expired(timeout_s))
+        return expired
+
+    # ------------------------------------------------------------------ complete
+
+    def complete(self, tx: Tx, checkpoint_id: int) -> bool:
+        """Complete a fully acknowledged checkpoint; False if writing its metadata failed."""
+        info = tx.rows.checkpoint(checkpoint_id)
+        acks = tx.rows.acks(checkpoint_id)
+        rows = tx.rows.stage_rows()
+        uncommitted = {
+            sid: tx.rows.uncommitted(sid) for sid in rules.needs_transactions(info.plan, acks)
+        }
+        record = rules.build_record(
+            self.key,
+            info,
+            acks,
+            rows,
+            uncommitted,
+            tx.rows.graph_data(),
+            tx.rows.fingerprint,
+            self.clock(),
+        )
+        path: str | None = None
+        size: int | None = None
+        if self.writer is not None:
+            try:
+                # The id was never completed (this transition holds the pipeline lock), so a
+                # chk-<id> directory already there is a leftover of a completion that failed or
+                # was rolled back by a crash (the id was allocated again): replace it.
+                path, size = self.writer.write_checkpoint(record, replace_orphan=True)
+            except Exception as exc:  # storage failed: the checkpoint fails, the run goes on
+                self.abort(
+                    tx,
+                    checkpoint_id,
+                    CheckpointFailureReason.WRITE_FAILED,
+                    failure.write_failed(exc),
+                )
+                # What the failed write left (a complete-looking _metadata if the error came
+                # after the rename, an empty directory) goes once the abort committed.
+                tx.after_commit.append(partial(self.discard_leftover, checkpoint_id))
+                return False
+        now = self.clock()
+        tx.rows.mark_completed(checkpoint_id, now, path, size)
+        completed = observe.CheckpointCompleted(
+            self.key,
+            checkpoint_id,
+            record.kind.value,
+            record.reason.value,
+            now - record.triggered_at,
+            size,
+            sum(h.size for stage in record.stages.values() for h in stage.state),
+            len(record.stages),
+        )
+        tx.after_commit.append(partial(observe.notify, completed))
+        for cid in rules.subsumed_by(checkpoint_id, tx.rows.pending_kinds()):
+            self.abort(tx, cid, CheckpointFailureReason.SUBSUMED, failure.subsumed(checkpoint_id))
+        self.apply_retention(tx)
+        stop = rules.stop_settled_by(tx.rows.latest_stop(), checkpoint_id)
+        if stop is not None:
+            tx.rows.update_stop(stop.request_id, state=StopState.COMPLETED, finished_at=now)
+        return True
+
+    def apply_retention(self, tx: Tx) -> None:
+        """Discard completed checkpoints beyond retention (their files after commit)."""
+        for cid, path in rules.beyond_retention(tx.rows.completed_checkpoints(), tx.rows.retain):
+            tx.rows.mark_discarded(cid)
+            if path and self.writer is not None:
+                tx.after_commit.append(partial(self.writer.discard_checkpoint, path))
+        if self.writer is not None:
+            # Every retention pass also finishes earlier discards that a crash or an I/O error
+            # interrupted (nothing else would ever retry them).
+            tx.after_commit.append(self.sweep_leftover_checkpoints)
+
+    # ------------------------------------------------------------------ after commit
+
+    def discard_leftover(self, checkpoint_id: int) -> None:
+        """After commit: delete ``chk-<id>`` of a checkpoint that did not complete."""
+        discard = getattr(self.writer, "discard_checkpoint_dir", None)
+        if discard is not None:
+            discard(self.key, checkpoint_id)
+
+    def sweep_leftover_checkpoints(self) -> None:
+        """After commit: delete the directories of ABORTED and DISCARDED checkpoints that
+        checkpoint storage still holds (an interrupted discard, a failed completion).
+
+        Both states are final, so no transition can need those files again; the states are read
+        after the commit, outside the lock, and a PENDING checkpoint being written concurrently
+        is never touched. Best effort: a failure is logged and retried at the next pass.
+        """
+        list_ids = getattr(self.writer, "checkpoint_dir_ids", None)
+        discard = getattr(self.writer, "discard_checkpoint_dir", None)
+        if list_ids is None or discard is None:
+            return
+        on_disk = list_ids(self.key)
+        if not on_disk:
+            return
+        with self.store.read() as rows:
+            gone = rows.final_among(on_disk)
+        for cid in gone:
+            try:
+                discard(self.key, cid)
+            except Exception:
+                log.warning(
+                    "pipeline %r: cannot delete the directory of checkpoint %d (retried at the "
+                    "next retention pass)",
+                    self.key,
+                    cid,
+                    exc_info=True,
+                )
+            else:
+                log.info(
+                    "pipeline %r: deleted the leftover directory of checkpoint %d", self.key, cid
+                )

@@ -1,0 +1,206 @@
+"""The checkpoint rules of the coordinator as pure functions over plain values: whether a
+checkpoint may be triggered, what an acknowledgement does, what a completed checkpoint records,
+subsumes and discards, what times out. The store reads the values, these decide, the store
+writes the outcome (``coordination.coordinator``); no database here, so each rule is tested on
+values alone (tests/unit/test_transitions*.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from airflow_finalckpt.core.errors import IllegalTransitionError
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointRecord,
+    CheckpointState,
+    SinkTransaction,
+    StageCheckpointRecord,
+    StageLifecycle,
+    StageProgress,
+    StageSnapshot,
+    StageStatus,
+    StopState,
+    TriggerReason,
+)
+from airflow_finalckpt.core.plan import CheckpointPlan
+from airflow_finalckpt.core.views import (
+    AckOutcome,
+    AckRow,
+    CheckpointInfo,
+    StageRow,
+    StopRequest,
+    savepoint_in_progress,
+)
+
+
+def may_trigger(reason: TriggerReason, stop: StopRequest | None, has_pending: bool) -> bool:
+    """No checkpoint while a run is suspended, drained or stopping with a savepoint; no
+    periodic one while another is pending."""
+    if stop is not None and (stop.state is StopState.COMPLETED or savepoint_in_progress(stop)):
+        return False
+    return not (reason is TriggerReason.PERIODIC and has_pending)
+
+
+def live_progress(graph: StageGraph, rows: Mapping[str, StageRow]) -> dict[str, StageProgress]:
+    """What the plan calculator needs of each stage of ``graph``."""
+    return {
+        sid: StageProgress(
+            lifecycle=row.lifecycle,
+            finished_splits=row.progress.finished_splits,
+            total_splits=row.total_splits,
+        )
+        for sid, row in rows.items()
+        if sid in graph
+    }
+
+
+def covered_on_trigger(plan: CheckpointPlan, rows: Mapping[str, StageRow]) -> list[str]:
+    """Finished, unclosed stages a new checkpoint covers as FULLY_FINISHED: their not yet
+    covered transactions become committable once it completes."""
+    return [sid for sid in plan.fully_finished if rows[sid].lifecycle is StageLifecycle.FINISHED]
+
+
+def ack_gate(
+    checkpoint_id: int, stage_id: str, state: CheckpointState, to_ack: Sequence[str]
+) -> AckOutcome | None:
+    """NOT_PENDING for a checkpoint no longer pending; IllegalTransitionError for one that
+    does not wait for the stage; None: go on."""
+    if state is not CheckpointState.PENDING:
+        return AckOutcome.NOT_PENDING
+    if stage_id not in to_ack:
+        raise IllegalTransitionError(
+            f"checkpoint {checkpoint_id} does not wait for stage {stage_id!r} "
+            f"(it was not running when the checkpoint was triggered)"
+        )
+    return None
+
+
+def stamps_on_ack(checkpoint_id: int, newest_acked: int | None) -> bool:
+    """An acknowledgement covers the stage's new transactions unless the stage already acked
+    a newer checkpoint (out of order): that newer snapshot does not hold them."""
+    return newest_acked is None or newest_acked < checkpoint_id
+
+
+def ack_snapshot(progress: StageSnapshot, uncommitted: Iterable[SinkTransaction]) -> StageSnapshot:
+    """What an acknowledgement records: the durable progress and every uncommitted transaction."""
+    return progress.model_copy(update={"pending_transactions": tuple(uncommitted)})
+
+
+def merge_progress(
+    current: StageSnapshot, delta: StageSnapshot, *, replace_state: bool = True
+) -> StageSnapshot:
+    """Durable progress after a batch or snapshot: splits add up, the watermark only rises,
+    the state is replaced (unless ``replace_state`` is False)."""
+    watermarks = [w for w in (current.watermark, delta.watermark) if w is not None]
+    return StageSnapshot(
+        finished_splits=current.finished_splits | delta.finished_splits,
+        state=delta.state if replace_state else current.state,
+        watermark=max(watermarks) if watermarks else None,
+        end_of_data=delta.end_of_data or current.end_of_data,
+    )
+
+
+def needs_transactions(plan: CheckpointPlan, acks: Mapping[str, AckRow]) -> list[str]:
+    """Stages recorded from their final snapshot (FULLY_FINISHED without an acknowledgement):
+    their uncommitted transactions must be read to complete the checkpoint."""
+    return [
+        sid
+        for sid, status in plan.statuses.items()
+        if sid not in acks and status is StageStatus.FULLY_FINISHED
+    ]
+
+
+def acked_status(ack: AckRow) -> StageStatus:
+    """How an acknowledgement refines a stage's planned status."""
+    if ack.by_finish:
+        return StageStatus.FULLY_FINISHED
+    if ack.snapshot.finished_splits:
+        return StageStatus.PARTIALLY_FINISHED
+    return StageStatus.RUNNING
+
+
+def stage_record(stage_id: str, status: StageStatus, snap: StageSnapshot) -> StageCheckpointRecord:
+    """One stage in a completed checkpoint: a fully finished one carries no state."""
+    if status is StageStatus.FULLY_FINISHED:
+        return StageCheckpointRecord(
+            stage_id=stage_id,
+            status=status,
+            finished_splits=snap.finished_splits,
+            pending_transactions=snap.pending_transactions,
+            watermark=snap.watermark,
+            end_of_data=snap.end_of_data,
+        )
+    return StageCheckpointRecord(
+        stage_id=stage_id,
+        status=status,
+        finished_splits=snap.finished_splits,
+        state=snap.state,
+        pending_transactions=snap.pending_transactions,
+        watermark=snap.watermark,
+    )
+
+
+def build_record(
+    pipeline_key: str,
+    checkpoint: CheckpointInfo,
+    acks: Mapping[str, AckRow],
+    rows: Mapping[str, StageRow],
+    uncommitted: Mapping[str, Sequence[SinkTransaction]],
+    graph: Mapping[str, object],
+    fingerprint: str,
+    now: float,
+) -> CheckpointRecord:
+    """The ``_metadata`` of a fully acknowledged checkpoint: acknowledged stages as they
+    answered, finished ones from their final snapshot, the others from their progress."""
+    stages: dict[str, StageCheckpointRecord] = {}
+    for sid, status in checkpoint.plan.statuses.items():
+        ack = acks.get(sid)
+        if ack is not None:
+            status, snap = acked_status(ack), ack.snapshot
+        elif status is StageStatus.FULLY_FINISHED:
+            final = rows[sid].final_snapshot or StageSnapshot()
+            snap = final.model_copy(update={"pending_transactions": tuple(uncommitted[sid])})
+        else:  # NOT_STARTED, or restored progress of a stage not yet started again
+            snap = rows[sid].progress if sid in rows else StageSnapshot()
+        stages[sid] = stage_record(sid, status, snap)
+    return CheckpointRecord(
+        pipeline_key=pipeline_key,
+        checkpoint_id=checkpoint.checkpoint_id,
+        kind=checkpoint.kind,
+        reason=checkpoint.reason,
+        graph=dict(graph),
+        graph_fingerprint=fingerprint,
+        triggered_at=checkpoint.triggered_at,
+        completed_at=now,
+        stages=stages,
+    )
+
+
+def subsumed_by(checkpoint_id: int, pending: Iterable[tuple[int, CheckpointKind]]) -> list[int]:
+    """Older pending checkpoints a completed one makes obsolete (savepoints are never
+    subsumed)."""
+    return [
+        cid for cid, kind in pending if cid < checkpoint_id and kind is CheckpointKind.CHECKPOINT
+    ]
+
+
+def beyond_retention(
+    completed: Sequence[tuple[int, str | None]], retain: int
+) -> Sequence[tuple[int, str | None]]:
+    """Completed checkpoints (newest first) that retention discards: all but the newest
+    ``retain``."""
+    return completed[retain:]
+
+
+def stop_settled_by(stop: StopRequest | None, checkpoint_id: int) -> StopRequest | None:
+    """The stop in progress whose savepoint is ``checkpoint_id``: it completes when that
+    checkpoint completes and fails when it is aborted."""
+    if (
+        stop is not None
+        and stop.state is StopState.REQUESTED
+        and stop.savepoint_id == checkpoint_id
+    ):
+        return stop
+    return None

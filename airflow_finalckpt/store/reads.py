@@ -1,0 +1,489 @@
+"""Every read of one pipeline's coordination rows, on a connection the caller holds (inside the
+locked transition or a plain read): the coordinator's queries, one method each."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, func, select
+
+from airflow_finalckpt.core.errors import (
+    IllegalTransitionError,
+    UnknownCheckpointError,
+    UnknownPipelineError,
+    UnknownStageError,
+)
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointState,
+    SinkTransaction,
+    StageLifecycle,
+    TransactionState,
+)
+from airflow_finalckpt.core.views import (
+    AckRow,
+    CheckpointInfo,
+    PipelineSnapshot,
+    StageRow,
+    StopRequest,
+    TxnRow,
+    WaitingStage,
+    parse_snapshot,
+)
+from airflow_finalckpt.store import rows as r
+from airflow_finalckpt.store import schema as t
+
+#: States of a checkpoint that can still close a finished stage (in flight or done).
+CANDIDATE_STATES = (
+    CheckpointState.PENDING.value,
+    CheckpointState.COMPLETED.value,
+    CheckpointState.DISCARDED.value,
+)
+
+
+class StoreReader:
+    """Reads of one pipeline's rows over ``conn``."""
+
+    def __init__(self, conn: Connection, pipeline_key: str) -> None:
+        self.conn = conn
+        self.key = pipeline_key
+
+    # ------------------------------------------------------------------ pipeline
+
+    def graph_data(self) -> dict[str, Any]:
+        """The stored graph JSON; UnknownPipelineError if the pipeline is not registered."""
+        data = self.conn.execute(
+            select(t.pipelines.c.graph).where(t.pipelines.c.pipeline_key == self.key)
+        ).scalar()
+        if data is None:
+            raise UnknownPipelineError(f"pipeline {self.key!r} is not registered")
+        return dict(data)
+
+    def checkpoint_timeout(self) -> float:
+        """The pipeline's checkpoint timeout; UnknownPipelineError if it is not registered."""
+        timeout = self.conn.execute(
+            select(t.pipelines.c.checkpoint_timeout_s).where(t.pipelines.c.pipeline_key == self.key)
+        ).scalar()
+        if timeout is None:
+            raise UnknownPipelineError(
+                f"pipeline {self.key!r} is not registered in the coordination store"
+            )
+        return float(timeout)
+
+    def next_checkpoint_id(self) -> int:
+        """The id the next checkpoint will get (a finishing stage's threshold)."""
+        return int(
+            self.conn.execute(
+                select(t.pipelines.c.next_checkpoint_id).where(
+                    t.pipelines.c.pipeline_key == self.key
+                )
+            ).scalar_one()
+        )
+
+    def restored_from(self) -> str | None:
+        """The checkpoint or savepoint the pipeline was last restored from."""
+        value = self.conn.execute(
+            select(t.pipelines.c.restored_from).where(t.pipelines.c.pipeline_key == self.key)
+        ).scalar()
+        return None if value is None else str(value)
+
+    # ------------------------------------------------------------------ stages
+
+    def stage_rows(self) -> dict[str, StageRow]:
+        """Every stage of the pipeline, by stage id."""
+        return {
+            row["stage_id"]: r.stage_row(row)
+            for row in self.conn.execute(
+                select(t.stages)
+                .where(t.stages.c.pipeline_key == self.key)
+                .order_by(t.stages.c.stage_id)
+            ).mappings()
+        }
+
+    def stage_row(self, stage_id: str) -> StageRow:
+        """One stage; UnknownStageError if the pipeline has no such stage."""
+        row = (
+            self.conn.execute(
+                select(t.stages).where(
+                    t.stages.c.pipeline_key == self.key, t.stages.c.stage_id == stage_id
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
+        return r.stage_row(row)
+
+    def stage_finish_state(self, stage_id: str) -> tuple[StageLifecycle, int | None]:
+        """Lifecycle and finish threshold only (no progress JSON): the waiters' hot read."""
+        row = self.conn.execute(
+            select(t.stages.c.lifecycle, t.stages.c.finish_threshold).where(
+                t.stages.c.pipeline_key == self.key, t.stages.c.stage_id == stage_id
+            )
+        ).first()
+        if row is None:
+            raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
+        return StageLifecycle(row.lifecycle), row.finish_threshold
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self, checkpoint_id: int, *columns: Any) -> RowMapping:
+        row = (
+            self.conn.execute(
+                select(*(columns or (t.checkpoints,))).where(
+                    t.checkpoints.c.pipeline_key == self.key,
+                    t.checkpoints.c.checkpoint_id == checkpoint_id,
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise UnknownCheckpointError(f"pipeline {self.key!r} has no checkpoint {checkpoint_id}")
+        return row
+
+    def checkpoint(self, checkpoint_id: int) -> CheckpointInfo:
+        """One checkpoint; UnknownCheckpointError if there is none."""
+        return r.checkpoint_info(self._checkpoint(checkpoint_id))
+
+    def ack_target(self, checkpoint_id: int) -> tuple[CheckpointState, int, float, list[str]]:
+        """(state, acks pending, triggered_at, to_ack) only: the whole plan (O(stages +
+        finished splits) of JSON) would make every acknowledgement O(graph)."""
+        c = t.checkpoints.c
+        row = self._checkpoint(
+            checkpoint_id,
+            c.state,
+            c.acks_pending,
+            c.triggered_at,
+            c.plan["to_ack"].label("to_ack"),
+        )
+        return (
+            CheckpointState(row["state"]),
+            int(row["acks_pending"]),
+            float(row["triggered_at"]),
+            list(row["to_ack"] or ()),
+        )
+
+    def checkpoint_state(self, checkpoint_id: int) -> CheckpointState | None:
+        """The checkpoint's state, None if it does not exist."""
+        state = self.conn.execute(
+            select(t.checkpoints.c.state).where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.checkpoint_id == checkpoint_id,
+            )
+        ).scalar()
+        return None if state is None else CheckpointState(state)
+
+    def checkpoints(self, *, limit: int | None = None) -> list[CheckpointInfo]:
+        """Checkpoints, newest first."""
+        query = (
+            select(t.checkpoints)
+            .where(t.checkpoints.c.pipeline_key == self.key)
+            .order_by(t.checkpoints.c.checkpoint_id.desc())
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        return [r.checkpoint_info(row) for row in self.conn.execute(query).mappings()]
+
+    def latest_completed(self, *, include_discarded: bool) -> CheckpointInfo | None:
+        """The newest completed (or, if asked, discarded) checkpoint."""
+        states = [CheckpointState.COMPLETED.value]
+        if include_discarded:
+            states.append(CheckpointState.DISCARDED.value)
+        row = (
+            self.conn.execute(
+                select(t.checkpoints)
+                .where(
+                    t.checkpoints.c.pipeline_key == self.key,
+                    t.checkpoints.c.state.in_(states),
+                )
+                .order_by(t.checkpoints.c.checkpoint_id.desc())
+                .limit(1)
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else r.checkpoint_info(row)
+
+    def latest_completed_id(self) -> int | None:
+        """The newest checkpoint that ever completed (discarded since or not)."""
+        cid = self.conn.execute(
+            select(func.max(t.checkpoints.c.checkpoint_id)).where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.completed_at.is_not(None),
+            )
+        ).scalar()
+        return None if cid is None else int(cid)
+
+    def pending(self) -> list[tuple[int, float]]:
+        """(id, triggered_at) of every pending checkpoint, oldest first."""
+        rows = self.conn.execute(
+            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.triggered_at)
+            .where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.state == CheckpointState.PENDING.value,
+            )
+            .order_by(t.checkpoints.c.checkpoint_id)
+        ).all()
+        return [(int(cid), float(at)) for cid, at in rows]
+
+    def pending_ids(self) -> list[int]:
+        """Ids of the pending checkpoints, oldest first."""
+        return [cid for cid, _ in self.pending()]
+
+    def pending_kinds(self) -> list[tuple[int, CheckpointKind]]:
+        """(id, kind) of every pending checkpoint, oldest first."""
+        rows = self.conn.execute(
+            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.kind)
+            .where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.state == CheckpointState.PENDING.value,
+            )
+            .order_by(t.checkpoints.c.checkpoint_id)
+        ).all()
+        return [(int(cid), CheckpointKind(kind)) for cid, kind in rows]
+
+    def awaiting(self, stage_id: str) -> list[int]:
+        """Pending checkpoints whose plan waits for ``stage_id`` and that it has not acked."""
+        acked = select(t.acks.c.checkpoint_id).where(
+            t.acks.c.pipeline_key == self.key, t.acks.c.stage_id == stage_id
+        )
+        rows = self.conn.execute(
+            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.plan["to_ack"])
+            .where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.state == CheckpointState.PENDING.value,
+                t.checkpoints.c.checkpoint_id.not_in(acked),
+            )
+            .order_by(t.checkpoints.c.checkpoint_id)
+        ).all()
+        # Only the plan's to_ack list (the running stages) is read, not the whole plan.
+        return [int(cid) for cid, to_ack in rows if stage_id in (to_ack or ())]
+
+    def first_completed_from(self, threshold: int | None) -> int | None:
+        """The lowest checkpoint >= ``threshold`` that completed (discarded since or not)."""
+        cid = self.conn.execute(
+            select(func.min(t.checkpoints.c.checkpoint_id)).where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.completed_at.is_not(None),
+                t.checkpoints.c.checkpoint_id >= threshold,
+            )
+        ).scalar()
+        return None if cid is None else int(cid)
+
+    def has_candidate_from(self, threshold: int) -> bool:
+        """Is a checkpoint >= ``threshold`` pending, completed or discarded?"""
+        found = self.conn.execute(
+            select(t.checkpoints.c.checkpoint_id)
+            .where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.checkpoint_id >= threshold,
+                t.checkpoints.c.state.in_(CANDIDATE_STATES),
+            )
+            .limit(1)
+        ).first()
+        return found is not None
+
+    def completed_checkpoints(self) -> list[tuple[int, str | None]]:
+        """(id, metadata path) of the COMPLETED checkpoints (not savepoints), newest first."""
+        rows = self.conn.execute(
+            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.metadata_path)
+            .where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.state == CheckpointState.COMPLETED.value,
+                t.checkpoints.c.kind == CheckpointKind.CHECKPOINT.value,
+            )
+            .order_by(t.checkpoints.c.checkpoint_id.desc())
+        ).all()
+        return [(int(cid), None if path is None else str(path)) for cid, path in rows]
+
+    def final_among(self, checkpoint_ids: Collection[int]) -> list[int]:
+        """Which of ``checkpoint_ids`` are ABORTED or DISCARDED (final states), ascending."""
+        return sorted(
+            int(cid)
+            for cid in self.conn.execute(
+                select(t.checkpoints.c.checkpoint_id).where(
+                    t.checkpoints.c.pipeline_key == self.key,
+                    t.checkpoints.c.checkpoint_id.in_(checkpoint_ids),
+                    t.checkpoints.c.state.in_(
+                        [CheckpointState.ABORTED.value, CheckpointState.DISCARDED.value]
+                    ),
+                )
+            ).scalars()
+        )
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    def acks(self, checkpoint_id: int) -> dict[str, AckRow]:
+        """The acknowledgements of a checkpoint, by stage id."""
+        return {
+            row["stage_id"]: AckRow(
+                row["stage_id"], bool(row["by_finish"]), parse_snapshot(row["snapshot"])
+            )
+            for row in self.conn.execute(
+                select(t.acks).where(
+                    t.acks.c.pipeline_key == self.key, t.acks.c.checkpoint_id == checkpoint_id
+                )
+            ).mappings()
+        }
+
+    def acked(self, checkpoint_id: int, stage_id: str) -> bool:
+        """Has the stage acknowledged this checkpoint?"""
+        found = self.conn.execute(
+            select(t.acks.c.stage_id).where(
+                t.acks.c.pipeline_key == self.key,
+                t.acks.c.checkpoint_id == checkpoint_id,
+                t.acks.c.stage_id == stage_id,
+            )
+        ).first()
+        return found is not None
+
+    def newest_ack(self, stage_id: str) -> int | None:
+        """The newest checkpoint the stage acknowledged."""
+        cid = self.conn.execute(
+            select(func.max(t.acks.c.checkpoint_id)).where(
+                t.acks.c.pipeline_key == self.key, t.acks.c.stage_id == stage_id
+            )
+        ).scalar()
+        return None if cid is None else int(cid)
+
+    # ------------------------------------------------------------------ transactions
+
+    def uncommitted(self, stage_id: str) -> list[SinkTransaction]:
+        """The stage's pre-committed transactions, by sink and transaction id."""
+        return [
+            r.sink_transaction(row)
+            for row in self.conn.execute(
+                select(t.transactions)
+                .where(
+                    t.transactions.c.pipeline_key == self.key,
+                    t.transactions.c.stage_id == stage_id,
+                    t.transactions.c.state == TransactionState.PRECOMMITTED.value,
+                )
+                .order_by(t.transactions.c.sink_id, t.transactions.c.txn_id)
+            ).mappings()
+        ]
+
+    def transaction(self, stage_id: str, sink_id: str, txn_id: str) -> TxnRow:
+        """One transaction; IllegalTransitionError if the stage never recorded it."""
+        row = (
+            self.conn.execute(
+                select(t.transactions).where(
+                    t.transactions.c.pipeline_key == self.key,
+                    t.transactions.c.stage_id == stage_id,
+                    t.transactions.c.sink_id == sink_id,
+                    t.transactions.c.txn_id == txn_id,
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise IllegalTransitionError(
+                f"stage {stage_id!r} has no transaction {txn_id!r} for sink {sink_id!r}"
+            )
+        return TxnRow(r.sink_transaction(row), str(row["state"]))
+
+    def transactions(self, stage_id: str | None) -> list[tuple[SinkTransaction, str]]:
+        """Every recorded transaction with its state (of one stage if given)."""
+        query = select(t.transactions).where(t.transactions.c.pipeline_key == self.key)
+        if stage_id is not None:
+            query = query.where(t.transactions.c.stage_id == stage_id)
+        return [
+            (r.sink_transaction(row), row["state"])
+            for row in self.conn.execute(query.order_by(t.transactions.c.txn_id)).mappings()
+        ]
+
+    # ------------------------------------------------------------------ stop requests
+
+    def latest_stop(self) -> StopRequest | None:
+        """The newest stop request."""
+        row = (
+            self.conn.execute(
+                select(t.stop_requests)
+                .where(t.stop_requests.c.pipeline_key == self.key)
+                .order_by(t.stop_requests.c.request_id.desc())
+                .limit(1)
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else r.stop_request(row)
+
+    # ------------------------------------------------------------------ read models
+
+    def waiting_snapshot(self) -> PipelineSnapshot:
+        """Everything waiting stages decide on, in four statements whatever the number of
+        stages; UnknownPipelineError if the pipeline is not registered."""
+        s, c = t.stages, t.checkpoints
+
+        def first(*where: Any) -> Any:
+            """The lowest checkpoint id >= the stage's finish threshold matching ``where``
+            (a correlated subquery: the database answers every stage in one statement)."""
+            return (
+                select(func.min(c.c.checkpoint_id))
+                .where(
+                    c.c.pipeline_key == s.c.pipeline_key,
+                    s.c.lifecycle == StageLifecycle.FINISHED.value,
+                    c.c.checkpoint_id >= s.c.finish_threshold,
+                    *where,
+                )
+                .correlate(s)
+                .scalar_subquery()
+            )
+
+        timeout = self.checkpoint_timeout()
+        rows = self.conn.execute(
+            select(
+                s.c.stage_id,
+                s.c.lifecycle,
+                s.c.epoch,
+                s.c.finish_threshold,
+                s.c.closed_checkpoint_id,
+                first(c.c.completed_at.is_not(None)).label("first_completed_id"),
+                first(c.c.state.in_(CANDIDATE_STATES)).label("first_candidate_id"),
+            ).where(s.c.pipeline_key == self.key)
+        ).all()
+        pending = self.pending()
+        stop = self.latest_stop()
+        return PipelineSnapshot(
+            pipeline_key=self.key,
+            checkpoint_timeout_s=timeout,
+            stages={
+                row.stage_id: WaitingStage(
+                    stage_id=row.stage_id,
+                    lifecycle=StageLifecycle(row.lifecycle),
+                    epoch=int(row.epoch),
+                    finish_threshold=row.finish_threshold,
+                    closed_checkpoint_id=row.closed_checkpoint_id,
+                    first_completed_id=row.first_completed_id,
+                    first_candidate_id=row.first_candidate_id,
+                )
+                for row in rows
+            },
+            stop=stop,
+            pending=tuple(pending),
+        )
+
+    def pending_ack_snapshots(self) -> list[tuple[int, AckRow]]:
+        """(checkpoint id, acknowledgement) of every acknowledgement of a pending checkpoint:
+        what garbage collection must keep (they will be recorded as is)."""
+        acks, cks = t.acks, t.checkpoints
+        query = (
+            select(acks.c.checkpoint_id, acks.c.stage_id, acks.c.by_finish, acks.c.snapshot)
+            .join(
+                cks,
+                (cks.c.pipeline_key == acks.c.pipeline_key)
+                & (cks.c.checkpoint_id == acks.c.checkpoint_id),
+            )
+            .where(
+                acks.c.pipeline_key == self.key,
+                cks.c.state == CheckpointState.PENDING.value,
+            )
+        )
+        return [
+            (int(cid), AckRow(str(sid), bool(by_finish), parse_snapshot(snapshot)))
+            for cid, sid, by_finish, snapshot in self.conn.execute(query).all()
+        ]

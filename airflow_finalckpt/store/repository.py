@@ -1,0 +1,148 @@
+"""The coordination store of one pipeline: the locked transition (one database transaction that
+first locks the pipeline row) and plain reads, over the readers and writers of ``reads`` and
+``writes``. Transitions of one pipeline are serialized across processes: SQLite by its
+``BEGIN IMMEDIATE`` write lock, PostgreSQL by ``SELECT ... FOR UPDATE`` on the pipeline row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from airflow_finalckpt.core.errors import IllegalTransitionError, UnknownPipelineError
+from airflow_finalckpt.core.model import StageLifecycle
+from airflow_finalckpt.store import rows as r
+from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.reads import StoreReader
+from airflow_finalckpt.store.writes import StoreWriter, lock_pipeline
+
+
+class CoordinationStore:
+    """Where one pipeline's coordination rows live."""
+
+    def __init__(self, engine: Engine, pipeline_key: str) -> None:
+        self.engine = engine
+        self.pipeline_key = pipeline_key
+
+    @contextmanager
+    def transition(self, *, create: Mapping[str, Any] | None = None) -> Iterator[StoreWriter]:
+        """One write transaction holding the pipeline lock, committed when the block ends
+        (rolled back if it raises). ``create``: the pipeline row to insert first if there is
+        none (rolled back with the rest)."""
+        with self.engine.begin() as conn:
+            if create is not None:
+                r.insert_ignore(conn, t.pipelines, create)
+            row = lock_pipeline(conn, self.pipeline_key)
+            if row is None:
+                raise UnknownPipelineError(
+                    f"pipeline {self.pipeline_key!r} is not registered in the coordination store"
+                )
+            yield StoreWriter(conn, self.pipeline_key, row)
+
+    @contextmanager
+    def read(self, *, repeatable: bool = False) -> Iterator[StoreReader]:
+        """A read-only connection; ``repeatable``: one consistent snapshot on PostgreSQL
+        (REPEATABLE READ; SQLite's read transaction already is one)."""
+        with self.engine.connect() as conn:
+            if repeatable and conn.dialect.name == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            yield StoreReader(conn, self.pipeline_key)
+
+    # ------------------------------------------------------------------ DAG runs
+
+    def link_dag_run(self, dag_id: str, run_id: str, now: float) -> None:
+        """Record that a DAG run works on this pipeline (idempotent); refused if it already
+        works on another one."""
+        with self.engine.begin() as conn:
+            r.insert_ignore(
+                conn,
+                t.dag_runs,
+                {
+                    "dag_id": dag_id,
+                    "run_id": run_id,
+                    "pipeline_key": self.pipeline_key,
+                    "created_at": now,
+                },
+            )
+            owner = conn.execute(
+                select(t.dag_runs.c.pipeline_key).where(
+                    t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
+                )
+            ).scalar_one()
+        if owner != self.pipeline_key:
+            raise IllegalTransitionError(
+                f"DAG run {run_id!r} of DAG {dag_id!r} already works on pipeline {owner!r}, "
+                f"not {self.pipeline_key!r} (a pipeline_key or restore_from in the conf of a "
+                "running DAG run cannot change)"
+            )
+
+    def closed_before_dag_run(self, stage_id: str, dag_id: str, run_id: str) -> bool:
+        """Is the stage CLOSED with its row last changed before this DAG run joined?"""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(t.stages.c.lifecycle, t.stages.c.updated_at).where(
+                    t.stages.c.pipeline_key == self.pipeline_key,
+                    t.stages.c.stage_id == stage_id,
+                )
+            ).first()
+            linked = conn.execute(
+                select(t.dag_runs.c.created_at).where(
+                    t.dag_runs.c.dag_id == dag_id,
+                    t.dag_runs.c.run_id == run_id,
+                    t.dag_runs.c.pipeline_key == self.pipeline_key,
+                )
+            ).scalar()
+        if row is None or linked is None:
+            return False
+        return row.lifecycle == StageLifecycle.CLOSED.value and float(row.updated_at) < float(
+            linked
+        )
+
+    def dag_runs(self) -> list[tuple[str, str]]:
+        """The (dag_id, run_id) pairs of this pipeline, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.dag_runs.c.dag_id, t.dag_runs.c.run_id)
+                .where(t.dag_runs.c.pipeline_key == self.pipeline_key)
+                .order_by(t.dag_runs.c.created_at)
+            ).all()
+        return [(str(d), str(run)) for d, run in rows]
+
+
+# ---------------------------------------------------------------------- across pipelines
+
+
+def pipeline_of_dag_run(engine: Engine, dag_id: str, run_id: str) -> str | None:
+    """The pipeline key a DAG run works on, None if none of its stage tasks ran yet."""
+    with engine.connect() as conn:
+        key = conn.execute(
+            select(t.dag_runs.c.pipeline_key).where(
+                t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
+            )
+        ).scalar()
+    return None if key is None else str(key)
+
+
+def dag_ids_of(engine: Engine, pipeline_key: str) -> set[str]:
+    """The DAGs whose runs worked on a pipeline."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(t.dag_runs.c.dag_id).where(t.dag_runs.c.pipeline_key == pipeline_key)
+        ).scalars()
+        return {str(row) for row in rows}
+
+
+def pipeline_keys_newest_first(engine: Engine, dag_id: str | None = None) -> list[str]:
+    """Pipeline keys by their newest DAG run link, newest first (of ``dag_id`` if given)."""
+    query = select(t.dag_runs.c.pipeline_key, t.dag_runs.c.created_at)
+    if dag_id is not None:
+        query = query.where(t.dag_runs.c.dag_id == dag_id)
+    with engine.connect() as conn:
+        rows = conn.execute(query.order_by(t.dag_runs.c.created_at.desc())).all()
+    keys: list[str] = []
+    for key, _ in rows:
+        if key not in keys:
+            keys.append(str(key))
+    return keys

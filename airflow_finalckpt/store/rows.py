@@ -1,0 +1,121 @@
+"""Row <-> value mapping of the coordination store: the only place that knows how the core's
+values are laid out in columns (enums as strings, snapshots and plans as JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, Table
+from sqlalchemy.dialects import postgresql, sqlite
+
+from airflow_finalckpt.core.failure import CheckpointFailureReason
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointState,
+    SinkTransaction,
+    StageLifecycle,
+    StageSnapshot,
+    StopMode,
+    StopState,
+    TriggerReason,
+)
+from airflow_finalckpt.core.plan import CheckpointPlan
+from airflow_finalckpt.core.views import (
+    KEEP,
+    CheckpointInfo,
+    StageChange,
+    StageRow,
+    StopRequest,
+)
+
+
+def dump(snapshot: StageSnapshot) -> dict[str, Any]:
+    """A snapshot as stored JSON."""
+    return snapshot.model_dump(mode="json")
+
+
+def insert_ignore(conn: Connection, table: Table, values: Mapping[str, Any]) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING on either dialect."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(table).values(**values).on_conflict_do_nothing())
+
+
+def stage_row(row: RowMapping) -> StageRow:
+    """A ``finalckpt_stages`` row (JSON left unparsed until used)."""
+    return StageRow(
+        stage_id=row["stage_id"],
+        lifecycle=StageLifecycle(row["lifecycle"]),
+        epoch=int(row["epoch"]),
+        total_splits=row["total_splits"],
+        finish_threshold=row["finish_threshold"],
+        closed_checkpoint_id=row["closed_checkpoint_id"],
+        updated_at=float(row["updated_at"]),
+        progress_data=row["progress"],
+        final_data=row["final_snapshot"],
+    )
+
+
+def stage_values(change: StageChange, now: float) -> dict[str, Any]:
+    """The columns a stage change writes (``updated_at`` always)."""
+    values: dict[str, Any] = {}
+    if change.lifecycle is not None:
+        values["lifecycle"] = change.lifecycle.value
+    if change.epoch is not None:
+        values["epoch"] = change.epoch
+    if change.total_splits is not None:
+        values["total_splits"] = change.total_splits
+    if change.progress is not None:
+        values["progress"] = dump(change.progress)
+    if change.finish_threshold is not KEEP:
+        values["finish_threshold"] = change.finish_threshold
+    if change.final_snapshot is not KEEP:
+        final = change.final_snapshot
+        values["final_snapshot"] = None if final is None else dump(final)
+    if change.closed_checkpoint_id is not KEEP:
+        values["closed_checkpoint_id"] = change.closed_checkpoint_id
+    values["updated_at"] = now
+    return values
+
+
+def checkpoint_info(row: RowMapping) -> CheckpointInfo:
+    """A ``finalckpt_checkpoints`` row."""
+    kind = row["failure_kind"]
+    return CheckpointInfo(
+        checkpoint_id=int(row["checkpoint_id"]),
+        kind=CheckpointKind(row["kind"]),
+        reason=TriggerReason(row["reason"]),
+        state=CheckpointState(row["state"]),
+        plan=CheckpointPlan.from_dict(row["plan"]),
+        acks_pending=int(row["acks_pending"]),
+        triggered_at=float(row["triggered_at"]),
+        completed_at=row["completed_at"],
+        failure_reason=row["failure_reason"],
+        metadata_path=row["metadata_path"],
+        size_bytes=row["size_bytes"],
+        failure_kind=None if kind is None else CheckpointFailureReason(kind),
+    )
+
+
+def sink_transaction(row: RowMapping) -> SinkTransaction:
+    """A ``finalckpt_transactions`` row."""
+    return SinkTransaction(
+        sink_id=row["sink_id"],
+        txn_id=row["txn_id"],
+        checkpoint_id=row["checkpoint_id"],
+        payload=row["payload"] or {},
+    )
+
+
+def stop_request(row: RowMapping) -> StopRequest:
+    """A ``finalckpt_stop_requests`` row."""
+    return StopRequest(
+        request_id=int(row["request_id"]),
+        mode=StopMode(row["mode"]),
+        state=StopState(row["state"]),
+        savepoint_id=row["savepoint_id"],
+        requested_by=row["requested_by"],
+        requested_at=float(row["requested_at"]),
+        finished_at=row["finished_at"],
+        failure_reason=row["failure_reason"],
+    )

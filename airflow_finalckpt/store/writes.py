@@ -1,0 +1,381 @@
+"""Every write of one pipeline's coordination rows, inside the locked transition
+(``CoordinationStore.transition``): what a transition decided, put into rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, select, update
+
+from airflow_finalckpt.core.failure import CheckpointFailureReason
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointRecord,
+    CheckpointState,
+    SinkTransaction,
+    StageLifecycle,
+    StageSnapshot,
+    StopMode,
+    StopState,
+    TransactionState,
+    TriggerReason,
+)
+from airflow_finalckpt.core.plan import CheckpointPlan
+from airflow_finalckpt.core.views import CoordinatorOptions, StageChange
+from airflow_finalckpt.store import rows as r
+from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.reads import StoreReader
+
+
+class StoreWriter(StoreReader):
+    """Reads and writes of one pipeline's rows within its locked transition; ``pipeline`` is
+    the locked pipeline row (every column but the graph)."""
+
+    def __init__(self, conn: Connection, pipeline_key: str, pipeline: RowMapping) -> None:
+        super().__init__(conn, pipeline_key)
+        self.pipeline = pipeline
+
+    @property
+    def fingerprint(self) -> str:
+        """The stored graph's fingerprint."""
+        return str(self.pipeline["fingerprint"])
+
+    @property
+    def restored_source(self) -> str | None:
+        """``restored_from`` as locked (the savepoint a restore already applied)."""
+        value = self.pipeline["restored_from"]
+        return None if value is None else str(value)
+
+    @property
+    def timeout_s(self) -> float:
+        """The checkpoint timeout as locked."""
+        return float(self.pipeline["checkpoint_timeout_s"])
+
+    @property
+    def retain(self) -> int:
+        """How many completed checkpoints retention keeps."""
+        return int(self.pipeline["retain_checkpoints"])
+
+    # ------------------------------------------------------------------ pipeline
+
+    def write_graph(self, graph: StageGraph, opts: CoordinatorOptions, now: float) -> None:
+        """Store ``graph`` and options; drop stages it no longer has, add its new ones."""
+        self.conn.execute(
+            update(t.pipelines)
+            .where(t.pipelines.c.pipeline_key == self.key)
+            .values(
+                graph=graph.to_dict(),
+                fingerprint=graph.fingerprint,
+                retain_checkpoints=opts.retain_checkpoints,
+                checkpoint_timeout_s=opts.checkpoint_timeout_s,
+                updated_at=now,
+            )
+        )
+        # Only stages the check allowed to go are still here: not started, or dropped on purpose.
+        self.conn.execute(
+            t.stages.delete().where(
+                t.stages.c.pipeline_key == self.key,
+                t.stages.c.stage_id.not_in(graph.stage_ids),
+            )
+        )
+        for stage_id in graph.stage_ids:
+            r.insert_ignore(
+                self.conn,
+                t.stages,
+                {
+                    "pipeline_key": self.key,
+                    "stage_id": stage_id,
+                    "lifecycle": StageLifecycle.NOT_STARTED.value,
+                    "epoch": 0,
+                    "progress": r.dump(StageSnapshot()),
+                    "updated_at": now,
+                },
+            )
+
+    def allocate_id(self, now: float) -> int:
+        """Take the next checkpoint id."""
+        checkpoint_id = self.next_checkpoint_id()
+        self.conn.execute(
+            update(t.pipelines)
+            .where(t.pipelines.c.pipeline_key == self.key)
+            .values(next_checkpoint_id=checkpoint_id + 1, updated_at=now)
+        )
+        return checkpoint_id
+
+    def mark_restored(self, source: str, next_id: int, now: float) -> None:
+        """Record the restore source and move the id counter past the restored checkpoint."""
+        self.conn.execute(
+            update(t.pipelines)
+            .where(t.pipelines.c.pipeline_key == self.key)
+            .values(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
+        )
+
+    @property
+    def next_id_locked(self) -> int:
+        """``next_checkpoint_id`` as locked (before this transition allocated any)."""
+        return int(self.pipeline["next_checkpoint_id"])
+
+    # ------------------------------------------------------------------ stages
+
+    def update_stage(self, stage_id: str, change: StageChange, now: float) -> None:
+        """Write a stage change."""
+        self.conn.execute(
+            update(t.stages)
+            .where(t.stages.c.pipeline_key == self.key, t.stages.c.stage_id == stage_id)
+            .values(**r.stage_values(change, now))
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def insert_checkpoint(
+        self,
+        checkpoint_id: int,
+        kind: CheckpointKind,
+        reason: TriggerReason,
+        plan: CheckpointPlan,
+        now: float,
+    ) -> None:
+        """A new pending checkpoint."""
+        self.conn.execute(
+            t.checkpoints.insert().values(
+                pipeline_key=self.key,
+                checkpoint_id=checkpoint_id,
+                kind=kind.value,
+                reason=reason.value,
+                state=CheckpointState.PENDING.value,
+                plan=plan.to_dict(),
+                acks_pending=len(plan.to_ack),
+                triggered_at=now,
+            )
+        )
+
+    def import_checkpoint(self, record: CheckpointRecord, source: str) -> None:
+        """A completed checkpoint restored from ``source`` that this store never saw."""
+        self.conn.execute(
+            t.checkpoints.insert().values(
+                pipeline_key=self.key,
+                checkpoint_id=record.checkpoint_id,
+                kind=record.kind.value,
+                reason=record.reason.value,
+                state=CheckpointState.COMPLETED.value,
+                plan={
+                    "to_trigger": [],
+                    "to_ack": [],
+                    "fully_finished": [],
+                    "not_started": [],
+                    "statuses": {k: v.status.value for k, v in record.stages.items()},
+                },
+                acks_pending=0,
+                triggered_at=record.triggered_at,
+                completed_at=record.completed_at,
+                metadata_path=source,
+            )
+        )
+
+    def _update_checkpoint(self, checkpoint_id: int, values: Mapping[str, Any]) -> None:
+        self.conn.execute(
+            update(t.checkpoints)
+            .where(
+                t.checkpoints.c.pipeline_key == self.key,
+                t.checkpoints.c.checkpoint_id == checkpoint_id,
+            )
+            .values(**values)
+        )
+
+    def set_acks_pending(self, checkpoint_id: int, remaining: int) -> None:
+        """Count down the acknowledgements a checkpoint waits for."""
+        self._update_checkpoint(checkpoint_id, {"acks_pending": remaining})
+
+    def mark_aborted(self, checkpoint_id: int, kind: CheckpointFailureReason, detail: str) -> None:
+        """ABORTED, with its cause and detail."""
+        self._update_checkpoint(
+            checkpoint_id,
+            {
+                "state": CheckpointState.ABORTED.value,
+                "failure_kind": kind.value,
+                "failure_reason": detail,
+            },
+        )
+
+    def mark_completed(
+        self, checkpoint_id: int, now: float, path: str | None, size: int | None
+    ) -> None:
+        """COMPLETED, with where its metadata is."""
+        self._update_checkpoint(
+            checkpoint_id,
+            {
+                "state": CheckpointState.COMPLETED.value,
+                "completed_at": now,
+                "metadata_path": path,
+                "size_bytes": size,
+            },
+        )
+
+    def mark_discarded(self, checkpoint_id: int) -> None:
+        """DISCARDED by retention."""
+        self._update_checkpoint(checkpoint_id, {"state": CheckpointState.DISCARDED.value})
+
+    def insert_ack(
+        self,
+        checkpoint_id: int,
+        stage_id: str,
+        epoch: int,
+        by_finish: bool,
+        snapshot: StageSnapshot,
+        now: float,
+    ) -> None:
+        """Record an acknowledgement."""
+        self.conn.execute(
+            t.acks.insert().values(
+                pipeline_key=self.key,
+                checkpoint_id=checkpoint_id,
+                stage_id=stage_id,
+                epoch=epoch,
+                by_finish=by_finish,
+                snapshot=r.dump(snapshot),
+                acked_at=now,
+            )
+        )
+
+    # ------------------------------------------------------------------ transactions
+
+    def record_transactions(
+        self, stage_id: str, epoch: int, txns: Sequence[SinkTransaction], now: float
+    ) -> None:
+        """Pre-committed transactions, not yet covered (idempotent per id)."""
+        for txn in txns:
+            r.insert_ignore(
+                self.conn,
+                t.transactions,
+                {
+                    "pipeline_key": self.key,
+                    "stage_id": stage_id,
+                    "sink_id": txn.sink_id,
+                    "txn_id": txn.txn_id,
+                    "epoch": epoch,
+                    "checkpoint_id": None,
+                    "state": TransactionState.PRECOMMITTED.value,
+                    "payload": txn.payload,
+                    "updated_at": now,
+                },
+            )
+
+    def stamp_transactions(self, stage_id: str, checkpoint_id: int) -> None:
+        """The stage's uncovered pre-committed transactions are covered by ``checkpoint_id``."""
+        self.conn.execute(
+            update(t.transactions)
+            .where(
+                t.transactions.c.pipeline_key == self.key,
+                t.transactions.c.stage_id == stage_id,
+                t.transactions.c.state == TransactionState.PRECOMMITTED.value,
+                t.transactions.c.checkpoint_id.is_(None),
+            )
+            .values(checkpoint_id=checkpoint_id)
+        )
+
+    def set_transaction_state(
+        self, stage_id: str, sink_id: str, txn_id: str, state: TransactionState, now: float
+    ) -> None:
+        """Move one transaction to ``state``."""
+        self.conn.execute(
+            update(t.transactions)
+            .where(
+                t.transactions.c.pipeline_key == self.key,
+                t.transactions.c.stage_id == stage_id,
+                t.transactions.c.sink_id == sink_id,
+                t.transactions.c.txn_id == txn_id,
+            )
+            .values(state=state.value, updated_at=now)
+        )
+
+    def restore_transaction(
+        self, stage_id: str, txn: SinkTransaction, epoch: int, checkpoint_id: int, now: float
+    ) -> None:
+        """A transaction a restored checkpoint holds: pre-committed and covered by it again
+        (inserted if this store never saw it; a committed one stays committed)."""
+        r.insert_ignore(
+            self.conn,
+            t.transactions,
+            {
+                "pipeline_key": self.key,
+                "stage_id": stage_id,
+                "sink_id": txn.sink_id,
+                "txn_id": txn.txn_id,
+                "epoch": epoch,
+                "checkpoint_id": checkpoint_id,
+                "state": TransactionState.PRECOMMITTED.value,
+                "payload": txn.payload,
+                "updated_at": now,
+            },
+        )
+        self.conn.execute(
+            update(t.transactions)
+            .where(
+                t.transactions.c.pipeline_key == self.key,
+                t.transactions.c.stage_id == stage_id,
+                t.transactions.c.sink_id == txn.sink_id,
+                t.transactions.c.txn_id == txn.txn_id,
+                t.transactions.c.state != TransactionState.COMMITTED.value,
+            )
+            .values(state=TransactionState.PRECOMMITTED.value, checkpoint_id=checkpoint_id)
+        )
+
+    # ------------------------------------------------------------------ stop requests
+
+    def insert_stop(self, mode: StopMode, requested_by: str | None, now: float) -> int:
+        """A new stop request in REQUESTED; returns its id."""
+        inserted = self.conn.execute(
+            t.stop_requests.insert().values(
+                pipeline_key=self.key,
+                mode=mode.value,
+                state=StopState.REQUESTED.value,
+                requested_by=requested_by,
+                requested_at=now,
+            )
+        ).inserted_primary_key
+        assert inserted is not None
+        return int(inserted[0])
+
+    def update_stop(
+        self,
+        request_id: int,
+        *,
+        state: StopState | None = None,
+        savepoint_id: int | None = None,
+        finished_at: float | None = None,
+        failure_reason: str | None = None,
+        requested_by: str | None = None,
+    ) -> None:
+        """Write the given fields of a stop request (None: left as is)."""
+        values: dict[str, Any] = {}
+        if state is not None:
+            values["state"] = state.value
+        if savepoint_id is not None:
+            values["savepoint_id"] = savepoint_id
+        if finished_at is not None:
+            values["finished_at"] = finished_at
+        if failure_reason is not None:
+            values["failure_reason"] = failure_reason
+        if requested_by is not None:
+            values["requested_by"] = requested_by
+        self.conn.execute(
+            update(t.stop_requests)
+            .where(t.stop_requests.c.request_id == request_id)
+            .values(**values)
+        )
+
+
+def lock_pipeline(conn: Connection, pipeline_key: str) -> RowMapping | None:
+    """Lock the pipeline row (FOR UPDATE; SQLite already holds the write lock) and read every
+    column but the graph (O(stages) of JSON, read only when its fingerprint changes)."""
+    return (
+        conn.execute(
+            select(*(c for c in t.pipelines.c if c.name != "graph"))
+            .where(t.pipelines.c.pipeline_key == pipeline_key)
+            .with_for_update()
+        )
+        .mappings()
+        .first()
+    )
