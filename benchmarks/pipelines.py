@@ -145,13 +145,14 @@ class Ours:
         batch_sizes: Mapping[str, int | str] | None = None,
         checkpoint_interval_s: float = 10.0,
         pipeline_key: str = "bench",
-        target_batch_s: float | None = None,
+        target_batch_s: float | Mapping[str, float] | None = None,
         hints: Any = None,
     ) -> None:
         """``batch_sizes``: per stage a split count or ``"auto"`` (default: auto everywhere);
-        ``target_batch_s``: the auto batches' target duration (None: the runtime's default);
+        ``target_batch_s``: the auto batches' target duration, for every stage or per stage
+        (None / a stage not named: the runtime's default);
         ``hints``: a ``ThroughputHints`` shared across runs (None: every run probes)."""
-        from airflow_finalckpt.core.coordinator import Coordinator
+        from airflow_finalckpt.coordination import Coordinator
         from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
         from airflow_finalckpt.storage import CheckpointStorage
         from airflow_finalckpt.store.engine import make_engine

@@ -113,16 +113,23 @@ class BatchContext:
         return memo[name]
 
     def broadcast_table(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
-        """A small table (e.g. a dimension for broadcast joins) built once per stage attempt and
-        held on the driver: a broadcast collects it to the driver anyway, and a driver-local
-        table is broadcast by every batch's join without a Spark job (a table read from files
-        costs one per join and batch). Only for tables that fit the driver's memory."""
-
-        def build() -> DataFrame:
-            frame = factory()
-            return self.spark.createDataFrame(frame.toArrow(), schema=frame.schema)
-
-        return self.attempt_value(BROADCAST_PREFIX + name, build)
+        """A small table (e.g. a dimension for broadcast joins) reused by the batches of a stage
+        attempt: the first call returns ``factory()``; from the second on, a copy held on the
+        driver, made once (a broadcast collects the table to the driver anyway; a driver-local
+        table is broadcast without reading its files again). A stage that runs one batch pays
+        nothing for it. Only for tables that fit the driver's memory."""
+        assert self.logic is not None
+        memo = self.logic.attempt_memo
+        key = BROADCAST_PREFIX + name
+        held = memo.get(key)
+        if held is None:
+            memo[key] = (False, factory())
+            return memo[key][1]
+        local, frame = held
+        if not local:
+            frame = self.spark.createDataFrame(frame.toArrow(), schema=frame.schema)
+            memo[key] = (True, frame)
+        return frame
 
     def set_watermark(self, watermark: int) -> None:
         self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)

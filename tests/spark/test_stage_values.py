@@ -194,3 +194,45 @@ def test_parts_of_a_stage_are_read_with_the_schema_of_the_first_read(
         assert _jobs(spark, "new-attempt") >= 1
     finally:
         sc.setJobGroup("rest", "rest")
+
+
+def test_a_broadcast_table_is_held_on_the_driver_from_the_second_batch_of_an_attempt(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """First batch: the factory's frame as it is (a one-batch stage pays nothing more); second:
+    a driver-local copy (one collect); later batches reuse it and scan no file."""
+    _, storage = _setup(tmp_path)
+    path = tmp_path / "dim"
+    spark.range(50).withColumn("name", F.concat(F.lit("n"), F.col("id"))).write.parquet(str(path))
+    built: list[int] = []
+
+    def factory() -> DataFrame:
+        built.append(1)
+        return spark.read.parquet(str(path))
+
+    logic = SparkStageLogic(spark, storage, KEY, "b", lambda ctx: None)
+
+    def ctx() -> BatchContext:
+        return BatchContext(spark, "b", (), None, logic=logic)
+
+    def plan_of(frame: DataFrame) -> str:
+        return str(frame._jdf.queryExecution().optimizedPlan().getClass().getSimpleName())
+
+    first = ctx().broadcast_table("dim", factory)
+    assert plan_of(first) != "LocalRelation"
+    second = ctx().broadcast_table("dim", factory)
+    assert plan_of(second) == "LocalRelation"
+    assert second.schema == first.schema
+    assert sorted(map(tuple, second.collect())) == sorted(map(tuple, first.collect()))
+    sc = spark.sparkContext
+    sc.setJobGroup("third", "third")
+    try:
+        third = ctx().broadcast_table("dim", factory)
+        assert _jobs(spark, "third") == 0
+    finally:
+        sc.setJobGroup("rest", "rest")
+    assert third is second and built == [1]
+    # a new attempt starts over
+    other = SparkStageLogic(spark, storage, KEY, "b", lambda ctx: None)
+    fresh = BatchContext(spark, "b", (), None, logic=other).broadcast_table("dim", factory)
+    assert plan_of(fresh) != "LocalRelation" and built == [1, 1]

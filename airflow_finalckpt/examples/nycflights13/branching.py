@@ -31,6 +31,7 @@ checkpoints of that moment hold finished, partially finished and not started sta
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG, Asset
@@ -44,6 +45,7 @@ from airflow_finalckpt.examples.nycflights13.dag import (
     run_hooks,
 )
 from airflow_finalckpt.examples.nycflights13.data import open_layout
+from airflow_finalckpt.examples.nycflights13.transforms import load_dim
 from airflow_finalckpt.sinks import (
     DeltaTableSink,
     IcebergTableSink,
@@ -111,16 +113,15 @@ def enrich_transform(input_dir: str) -> Transform:
     ``weather`` stage's whole output, all built and key-checked once per stage attempt."""
 
     def transform(ctx: BatchContext) -> DataFrame:
-        def dims() -> dict[str, DataFrame]:
-            layout = open_layout(input_dir)
-            loaded = {name: transforms.load_dim(ctx.spark, layout, name) for name in FILE_DIMS}
-            loaded["weather"] = ctx.upstream("weather")
-            transforms.verify_dims(loaded)
-            return loaded
-
-        return transforms.enrich(
-            ctx.spark, ctx.read_parts(), ctx.attempt_value("dims", dims), verify_keys=False
-        )
+        layout = open_layout(input_dir)
+        # from the attempt's second batch on held on the driver (``broadcast_table``)
+        dims = {
+            name: ctx.broadcast_table(name, partial(load_dim, ctx.spark, layout, name))
+            for name in FILE_DIMS
+        }
+        dims["weather"] = ctx.broadcast_table("weather", lambda: ctx.upstream("weather"))
+        ctx.attempt_value("dims_verified", partial(transforms.verify_dims, dims))
+        return transforms.enrich(ctx.spark, ctx.read_parts(), dims, verify_keys=False)
 
     return transform
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
-from airflow_finalckpt.core.coordinator import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.examples.nycflights13.data import open_layout
@@ -61,7 +61,7 @@ def run_example_locally(
     sinks: Sequence[TwoPhaseCommitSink],
     *,
     batch_sizes: Mapping[str, int | str] | None = None,
-    target_batch_s: float | None = None,
+    target_batch_s: float | Mapping[str, float] | None = None,
     hints: ThroughputHints | None = None,
     commit_mode: CommitMode = CommitMode.PROGRESSIVE,
     checkpoint_interval_s: float = 60.0,
@@ -70,8 +70,10 @@ def run_example_locally(
 ) -> LocalRun:
     """Run every stage to CLOSED (raises whatever a stage raises, e.g. an injected fault).
 
-    ``batch_sizes``: per stage, ``"auto"`` (default) or a split count; ``hints``: where measured
-    batch throughput is kept between runs (None: every run probes afresh)."""
+    ``batch_sizes``: per stage, ``"auto"`` (default) or a split count; ``target_batch_s``: the
+    auto batches' target seconds, for every stage or per stage (default: the runtime's);
+    ``hints``: where measured batch throughput is kept between runs (None: every run probes
+    afresh)."""
     coordinator.register(example_graph())
     layout = open_layout(input_dir)
     run = LocalRun()
@@ -100,7 +102,7 @@ def run_example_locally(
                 stage_id=stage_id,
                 splits=splits,
                 batch_size=(batch_sizes or {}).get(stage_id, "auto"),
-                target_batch_s=target_batch_s or DEFAULT_TARGET_BATCH_S,
+                target_batch_s=_target_of(target_batch_s, stage_id),
                 commit_mode=commit_mode,
                 checkpoint_interval_s=checkpoint_interval_s,
             ),
@@ -124,3 +126,10 @@ def run_example_locally(
             eod = runner.try_close()
         run.end_of_data[stage_id] = eod
     return run
+
+
+def _target_of(target_batch_s: float | Mapping[str, float] | None, stage_id: str) -> float:
+    """A stage's auto-batch target: the one given for it, else the runtime's default."""
+    if isinstance(target_batch_s, Mapping):
+        return target_batch_s.get(stage_id) or DEFAULT_TARGET_BATCH_S
+    return target_batch_s or DEFAULT_TARGET_BATCH_S

@@ -10,15 +10,18 @@ The same functions back the Airflow DAG in ``dags/`` and the Airflow-free tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from pyspark.sql import DataFrame
 
 from airflow_finalckpt.examples.nycflights13.data import open_layout, split_path
 from airflow_finalckpt.examples.nycflights13.transforms import (
+    DIMENSION_TABLES,
     delay_windows,
     enrich,
     flush_delay_windows,
     ingest,
+    load_dim,
     load_dims,
     verify_dims,
 )
@@ -48,18 +51,18 @@ def ingest_transform(input_dir: str) -> Transform:
 
 def enrich_transform(input_dir: str) -> Transform:
     def transform(ctx: BatchContext) -> DataFrame:
-        # The dims are read from immutable input files: built and key-checked once per stage
-        # attempt and reused by every batch (no state files, no Spark job per batch for them).
-        def dims() -> dict[str, DataFrame]:
-            loaded = load_dims(ctx.spark, open_layout(input_dir))
-            verify_dims(loaded)
-            return loaded
-
         if ctx.logic is None:
-            return enrich(ctx.spark, ctx.read_parts(), dims(), verify_keys=False)
-        return enrich(
-            ctx.spark, ctx.read_parts(), ctx.attempt_value("dims", dims), verify_keys=False
-        )
+            return enrich(ctx.spark, ctx.read_parts(), load_dims(ctx.spark, open_layout(input_dir)))
+        # The dims are read from immutable input files: key-checked once per stage attempt and,
+        # from its second batch on, held on the driver (``broadcast_table``: no state files, no
+        # file scan per batch).
+        layout = open_layout(input_dir)
+        dims = {
+            name: ctx.broadcast_table(name, partial(load_dim, ctx.spark, layout, name))
+            for name in DIMENSION_TABLES
+        }
+        ctx.attempt_value("dims_verified", partial(verify_dims, dims))
+        return enrich(ctx.spark, ctx.read_parts(), dims, verify_keys=False)
 
     return transform
 
