@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select
 
-from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator, StageView
+from airflow_finalckpt.coordination import CheckpointInfo, Coordinator, StageView
 from airflow_finalckpt.core.errors import FinalCheckpointError, StaleEpochError
 from airflow_finalckpt.core.model import StageLifecycle
 from faults.injector import FaultInjector, FaultSpec
@@ -233,7 +233,7 @@ def _successor(
 def _coordinator(
     engine: Engine, setup: RunSetup, storage: CheckpointStorage, injector: FaultInjector | None
 ) -> Coordinator:
-    from airflow_finalckpt.core.coordinator import CoordinatorOptions
+    from airflow_finalckpt.coordination import CoordinatorOptions
     from faults.proxies import faulty_coordinator
 
     options = CoordinatorOptions(

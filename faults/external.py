@@ -240,7 +240,7 @@ class _OnFault(threading.Thread):
 
 def _coordinator_call(setup: RunSetup, call: Callable[[Any], object]) -> None:
     """Call the run's coordinator from this process (an operator's CLI / REST request)."""
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.store.engine import make_engine
 
     engine = make_engine(setup.store_url)

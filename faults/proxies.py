@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 
-from airflow_finalckpt.core.coordinator import (
+from airflow_finalckpt.coordination import (
     BatchOutcome,
     CheckpointWriter,
     Coordinator,

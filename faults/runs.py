@@ -392,7 +392,7 @@ def verify_against(
     approximate: Sequence[str] = (),
 ) -> Verdict:
     """verify_run on the run's store, checkpoint storage and sinks against ``expected``."""
-    from airflow_finalckpt.core.coordinator import Coordinator
+    from airflow_finalckpt.coordination import Coordinator
     from airflow_finalckpt.storage import CheckpointStorage
     from airflow_finalckpt.store.engine import make_engine
     from faults.verify import verify_run

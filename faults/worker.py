@@ -175,7 +175,7 @@ def _successor(
     process, while the stalled attempt waits in its fault point."""
 
     def run_newer_attempt(stage_id: str) -> None:
-        from airflow_finalckpt.core.coordinator import Coordinator
+        from airflow_finalckpt.coordination import Coordinator
         from airflow_finalckpt.storage import CheckpointStorage
         from airflow_finalckpt.store.engine import make_engine
         from faults.fake import FakePipeline
@@ -223,7 +223,7 @@ def _run_pipeline(
     zombie: Callable[[str], None] | None,
 ) -> bool:
     """Run the pipeline with fault-injecting objects; True if it completed, False if suspended."""
-    from airflow_finalckpt.core.coordinator import CoordinatorOptions
+    from airflow_finalckpt.coordination import CoordinatorOptions
     from airflow_finalckpt.runtime.runner import CommitMode
     from airflow_finalckpt.store.engine import make_engine
     from faults.fake import FakeData, FakePipeline

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.runtime.runner import CommitMode
 from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink
 from airflow_finalckpt.sinks.staged import StagedTableSink

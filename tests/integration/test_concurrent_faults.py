@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import CheckpointState, StageLifecycle
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine

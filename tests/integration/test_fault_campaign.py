@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import CheckpointInfo, Coordinator
+from airflow_finalckpt.coordination import CheckpointInfo, Coordinator
 from airflow_finalckpt.core.model import CheckpointState
 from airflow_finalckpt.store.engine import make_engine
 from faults.campaign import CampaignResult, run_campaign

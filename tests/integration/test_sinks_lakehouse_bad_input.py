@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from lakehouse_attempt_child import make_table_sink
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import StageLifecycle, TransactionState
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine

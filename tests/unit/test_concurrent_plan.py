@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import CheckpointInfo, StageView
+from airflow_finalckpt.coordination import CheckpointInfo, StageView
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointState,

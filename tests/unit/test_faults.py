@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import text, update
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import StorageError
 from airflow_finalckpt.runtime import runner as runner_module
 from airflow_finalckpt.storage import CheckpointStorage
