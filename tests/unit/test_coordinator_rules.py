@@ -1,8 +1,9 @@
 """The coordinator's rules, one transition at a time, on SQLite and on PostgreSQL.
 
-Every test drives a real coordination store (``store_url``: a migrated SQLite file and a fresh
-PostgreSQL database) and checks the rows the transitions leave behind. Timeouts use a fake
-clock, never sleeps.
+The rules themselves are tested on plain values in tests/unit/test_transitions*.py; these tests
+check that the facade and the store apply them: every test drives a real coordination store
+(``store_url``: a migrated SQLite file and a fresh PostgreSQL database) and checks the rows the
+transitions leave behind. Timeouts use a fake clock, never sleeps.
 """
 
 from __future__ import annotations
@@ -204,40 +205,6 @@ def test_plan_with_all_stages_running(engine: Engine) -> None:
     assert coord.pending_for("b") == [cid]
 
 
-def test_plan_with_some_stages_finished(engine: Engine) -> None:
-    coord = make(engine, {"a": (), "b": ("a",), "c": ("b",)})
-    epochs = start(coord, "a", "b")
-    coord.finish("a", epochs["a"], eod())
-    cid = coord.trigger(MANUAL)
-    assert cid is not None
-    plan = coord.checkpoint(cid).plan
-    assert plan.to_ack == ("b",)
-    assert plan.to_trigger == ("b",)
-    assert plan.fully_finished == ("a",)
-    assert plan.not_started == ("c",)
-    assert plan.statuses["a"] is StageStatus.FULLY_FINISHED
-    assert plan.statuses["c"] is StageStatus.NOT_STARTED
-
-
-def test_plan_of_a_stage_with_two_upstreams(engine: Engine) -> None:
-    coord = make(engine, {"a": (), "b": (), "join": ("a", "b")})
-    epochs = start(coord, "a", "b", "join")
-    coord.finish("a", epochs["a"], eod())
-    first = coord.trigger(MANUAL)
-    assert first is not None
-    plan = coord.checkpoint(first).plan
-    # join still has a running upstream: it acknowledges, but is not a trigger source.
-    assert plan.to_ack == ("b", "join")
-    assert plan.to_trigger == ("b",)
-    coord.finish("b", epochs["b"], eod())
-    second = coord.trigger(MANUAL)
-    assert second is not None
-    plan = coord.checkpoint(second).plan
-    assert plan.to_ack == ("join",)
-    assert plan.to_trigger == ("join",)
-    assert set(plan.fully_finished) == {"a", "b"}
-
-
 def test_not_started_stages_need_no_ack(engine: Engine, writer: RecordingWriter) -> None:
     coord = make(engine, {"a": (), "b": ("a",)}, writer=writer)
     epochs = start(coord, "a")
@@ -305,18 +272,6 @@ def test_ack_for_a_checkpoint_that_is_not_pending(engine: Engine) -> None:
     coord.acknowledge(done, "b", epochs["b"])
     assert coord.acknowledge(done, "a", epochs["a"]) is AckOutcome.NOT_PENDING
     assert ack_rows(engine, aborted) == {}
-
-
-def test_ack_from_a_stage_the_checkpoint_does_not_wait_for(engine: Engine) -> None:
-    coord = make(engine, {"a": (), "b": ()})
-    epochs = start(coord, "a")
-    cid = coord.trigger(MANUAL)
-    assert cid is not None
-    epochs.update(start(coord, "b"))  # started after the trigger: not in the plan
-    with pytest.raises(IllegalTransitionError, match=r"does not wait for stage 'b'"):
-        coord.acknowledge(cid, "b", epochs["b"])
-    assert coord.checkpoint(cid).acks_pending == 1
-    assert ack_rows(engine, cid) == {}
 
 
 def test_decline_aborts_with_the_reason(engine: Engine) -> None:
@@ -978,13 +933,6 @@ def test_stop_on_a_finished_pipeline_is_refused(engine: Engine) -> None:
         with pytest.raises(StopRequestError, match="already finished"):
             coord.request_stop(mode)
     assert store_rows(engine) == before
-
-
-def test_suspend_without_a_stop_is_refused(engine: Engine) -> None:
-    coord = make(engine, {"a": ()})
-    epochs = start(coord, "a")
-    with pytest.raises(IllegalTransitionError, match="no stop-with-savepoint"):
-        coord.suspend("a", epochs["a"])
 
 
 # ---------------------------------------------------------------------------------- unknowns

@@ -120,6 +120,20 @@ def test_a_trigger_covers_finished_unclosed_stages_only() -> None:
     assert plan.partially_finished == {"c": frozenset({"p0"})}
 
 
+def test_a_stage_with_two_upstreams_is_a_trigger_source_once_both_finished() -> None:
+    g = graph({"a": (), "b": (), "join": ("a", "b")})
+    rows = {"a": row("a", StageLifecycle.FINISHED, threshold=1), "b": row("b"), "join": row("join")}
+    plan = calculate_plan(g, rules.live_progress(g, rows))
+    assert plan.to_ack == ("b", "join") and plan.to_trigger == ("b",)  # join still waits for b
+    rows["b"] = row("b", StageLifecycle.FINISHED, threshold=2)
+    plan = calculate_plan(g, rules.live_progress(g, rows))
+    assert plan.to_ack == ("join",) and plan.to_trigger == ("join",)
+    assert set(plan.fully_finished) == {"a", "b"} and rules.covered_on_trigger(plan, rows) == [
+        "a",
+        "b",
+    ]
+
+
 def test_live_progress_ignores_stages_the_graph_no_longer_has() -> None:
     rows = {"a": row("a"), "gone": row("gone")}
     assert set(rules.live_progress(graph({"a": ()}), rows)) == {"a"}
