@@ -1,8 +1,15 @@
 """Headless Chromium (Debian's /usr/bin/chromium driven by Playwright; no browser download)
-against a REAL Airflow: log in through the SimpleAuthManager login form, open the pipeline tab
-of a running example-pipeline DAG run, *Stop with savepoint* (confirm), see the run turn
-suspended, *Resume* (confirm), see it running again and then finished. Screenshots go to the
-test's tmp dir (and to ``FINALCKPT_UI_SCREENSHOTS`` if set).
+against a REAL Airflow, clicking every button of the pipeline page:
+
+- log in through the SimpleAuthManager login form, open the pipeline tab of a running
+  example-pipeline DAG run, *Stop with savepoint* (confirm), see the run turn suspended,
+  *Resume* (cancel, then confirm), see it running again and then finished;
+- on another run, *Stop with drain* (cancel: no stop request is stored; then confirm): the stop
+  request row is a drain by the user, ingest stops reading with days left unread, every stage
+  finishes, the drained savepoint completes, the DAG run succeeds with its "Drained" note, every
+  button is disabled and a resume is refused.
+
+Screenshots go to the test's tmp dir (and to ``FINALCKPT_UI_SCREENSHOTS`` if set).
 
 Without chromium or Playwright the test fails in CI (``CI`` set) and skips elsewhere.
 """
@@ -10,6 +17,7 @@ Without chromium or Playwright the test fails in CI (``CI`` set) and skips elsew
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,9 +25,22 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from sqlalchemy import select
+
+from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.engine import make_engine
 
 from .airflow_cluster import AirflowCluster
-from .ui_cluster import SAVEPOINT_DAG, run_api, stage_running, ui_cluster, wait_for
+from .ui_cluster import (
+    DAYS,
+    SAVEPOINT_DAG,
+    UI_DRAIN_DAG,
+    run_api,
+    stage_running,
+    store_url,
+    ui_cluster,
+    wait_for,
+)
 
 CHROMIUM = os.environ.get("FINALCKPT_CHROMIUM", "/usr/bin/chromium")
 TIMEOUT_MS = 60_000
@@ -81,6 +102,42 @@ def shots(tmp_path: Path) -> Iterator[Callable[[Any, str], Path]]:
             shutil.copy(path, Path(keep) / path.name)
 
 
+def log_in(page: Any, cluster: AirflowCluster) -> None:
+    """Through Airflow's own login form, as the user who may edit runs."""
+    page.goto(f"{cluster.base_url}/auth/login")
+    page.locator("input[name=username]").fill("user")
+    page.locator("input[name=password]").fill(cluster.users["user"][1])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url)
+    assert any(c["name"] == "_token" for c in page.context.cookies())
+
+
+def pipeline_tab(page: Any, cluster: AirflowCluster, dag_id: str, run_id: str) -> Any:
+    """The DAG run's Pipeline tab (our external view, in Airflow's iframe)."""
+    page.goto(
+        f"{cluster.base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/plugin/finalckpt-pipeline"
+    )
+    return page.frame_locator("iframe[title='Pipeline']")
+
+
+def stop_requests(dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The stop request rows of a DAG run's pipeline, read from the coordination store."""
+    engine = make_engine(store_url())
+    try:
+        with engine.connect() as conn:
+            key = conn.execute(
+                select(t.dag_runs.c.pipeline_key).where(
+                    t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
+                )
+            ).scalar_one()
+            rows = conn.execute(
+                select(t.stop_requests).where(t.stop_requests.c.pipeline_key == key)
+            )
+            return [dict(row._mapping) for row in rows]
+    finally:
+        engine.dispose()
+
+
 def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
     cluster: AirflowCluster, browser: Any, shots: Callable[[Any, str], Path]
 ) -> None:
@@ -97,20 +154,10 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
     page = context.new_page()
     try:
         # 1. log in through Airflow's own login form
-        page.goto(f"{cluster.base_url}/auth/login")
-        page.locator("input[name=username]").fill("user")
-        page.locator("input[name=password]").fill(cluster.users["user"][1])
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(lambda url: "/auth/login" not in url)
-        assert any(c["name"] == "_token" for c in context.cookies())
+        log_in(page, cluster)
 
         # 2. the pipeline tab of the DAG run (our external view, in Airflow's iframe)
-        run_url = (
-            f"{cluster.base_url}/dags/{SAVEPOINT_DAG}/runs/{quote(run_id, safe='')}"
-            "/plugin/finalckpt-pipeline"
-        )
-        page.goto(run_url)
-        frame = page.frame_locator("iframe[title='Pipeline']")
+        frame = pipeline_tab(page, cluster, SAVEPOINT_DAG, run_id)
         header = frame.locator("section.header")
         expect(header).to_have_attribute("data-run-state", "running")
         expect(frame.locator("svg.stage-graph g.stage")).to_have_count(4)
@@ -164,5 +211,77 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
         runs = page.frame_locator("iframe[title='Pipelines']")
         expect(runs.locator("table.runs")).to_contain_text(run_id)
         shots(page, "all-runs")
+    finally:
+        context.close()
+
+
+def test_stop_with_drain_from_the_airflow_ui(
+    cluster: AirflowCluster, browser: Any, shots: Callable[[Any, str], Path]
+) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    try:
+        log_in(page, cluster)
+        run_id = cluster.trigger_dag(UI_DRAIN_DAG)
+        frame = pipeline_tab(page, cluster, UI_DRAIN_DAG, run_id)  # polls until registered
+        header = frame.locator("section.header")
+        expect(header).to_have_attribute("data-run-state", "running")
+        drain = frame.get_by_role("button", name="Stop with drain")
+        dialog = frame.locator("dialog#confirm")
+
+        # 1. Stop with drain -> the dialog explains it -> Cancel: nothing is stored
+        drain.click()
+        expect(dialog).to_be_visible()
+        expect(dialog).to_contain_text("cannot be resumed")
+        shots(page, "confirm-drain")
+        dialog.get_by_role("button", name="Cancel").click()
+        expect(dialog).to_be_hidden()
+        page.wait_for_timeout(2500)
+        expect(header).to_have_attribute("data-run-state", "running")
+        assert stop_requests(UI_DRAIN_DAG, run_id) == []
+
+        # ingest's first batch (7 of 21 days) is done (Spark's start-up on a loaded machine can
+        # take minutes); its second takes at least 10 s
+        expect(frame.locator("g.stage[data-stage-id='ingest']")).to_have_attribute(
+            "data-progress", re.compile(r"^[1-9][0-9]*/"), timeout=300_000
+        )
+        # 2. Stop with drain -> Confirm: a drain request by the user is stored, no more buttons
+        drain.click()
+        expect(dialog).to_be_visible()
+        dialog.get_by_role("button", name="Confirm").click()
+        expect(header).to_have_attribute("data-run-state", re.compile("^(draining|drained)$"))
+        for name in ("Stop with drain", "Stop with savepoint", "Resume"):
+            expect(frame.get_by_role("button", name=name)).to_be_disabled()
+        [stop] = stop_requests(UI_DRAIN_DAG, run_id)
+        assert (stop["mode"], stop["requested_by"]) == ("drain", "user"), stop
+        shots(page, "draining")
+
+        # 3. the drain's effects: ingest stopped reading, every stage finished and committed
+        assert cluster.wait_for_run(UI_DRAIN_DAG, run_id, timeout=600) == "success", (
+            cluster.log_tails(80)
+        )
+        expect(header).to_have_attribute("data-run-state", "drained", timeout=30_000)
+        expect(frame.locator("g.stage[data-status='FULLY_FINISHED']")).to_have_count(4)
+        expect(
+            frame.locator("tr[data-kind='drained_savepoint'][data-state='COMPLETED']")
+        ).to_have_count(1)
+        expect(header).to_contain_text("unread input")
+        for name in ("Stop with drain", "Stop with savepoint", "Resume"):
+            expect(frame.get_by_role("button", name=name)).to_be_disabled()
+        shots(page, "drained")
+        [stop] = stop_requests(UI_DRAIN_DAG, run_id)
+        assert stop["state"] == "COMPLETED" and stop["savepoint_id"] is not None, stop
+        api = cluster.request("GET", run_api(UI_DRAIN_DAG, run_id), user="viewer").json()
+        assert 0 < api["summary"]["unread_splits"] < DAYS, api["summary"]
+        ingest = cluster.xcom(UI_DRAIN_DAG, run_id, "ingest", key="end_of_data")
+        assert ingest["drain"] is True and ingest["unread_splits"] > 0
+        note = cluster.dag_run(UI_DRAIN_DAG, run_id).get("note") or ""
+        assert "Drained" in note, note
+        resume = cluster.request("POST", f"{run_api(UI_DRAIN_DAG, run_id)}/resume", user="user")
+        assert resume.status_code == 409 and "cannot be resumed" in resume.json()["detail"]
     finally:
         context.close()

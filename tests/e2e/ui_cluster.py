@@ -29,6 +29,7 @@ STOP_DAGS = Path(__file__).parent / "stop_dags"
 SAVEPOINT_DAG = "finalckpt_e2e_savepoint"  # enrich sleeps 3 s per batch
 RESUME_DAG = "finalckpt_e2e_resume"  # its own sinks, enrich sleeps 8 s (test_stop_resume.py)
 DRAIN_DAG = "finalckpt_e2e_drain"  # ingest sleeps 3 s per batch
+UI_DRAIN_DAG = "finalckpt_e2e_ui_drain"  # its own sinks, ingest sleeps 10 s (test_ui_browser.py)
 DAYS = 21  # three ingest batches of 7 days; enrich runs three batches of one part
 
 
@@ -59,7 +60,7 @@ def ui_cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster
         pytest.skip(why)
     env, _work, _url = _environment()
     return airflow_cluster(
-        [STOP_DAGS], extra_env=env, expect_dags=[SAVEPOINT_DAG, RESUME_DAG, DRAIN_DAG]
+        [STOP_DAGS], extra_env=env, expect_dags=[SAVEPOINT_DAG, RESUME_DAG, DRAIN_DAG, UI_DRAIN_DAG]
     )
 
 

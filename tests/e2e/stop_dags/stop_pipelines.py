@@ -47,3 +47,6 @@ savepoint_dag = _copy("finalckpt_e2e_savepoint", "savepoint", enrich_delay_s=3.0
 resume_dag = _copy("finalckpt_e2e_resume", "resume", enrich_delay_s=8.0)
 # stop with drain mid-ingest
 drain_dag = _copy("finalckpt_e2e_drain", "drain", ingest_delay_s=3.0)
+# stop with drain clicked in the UI page (tests/e2e/test_ui_browser.py): its own sinks, and
+# ingest batches slow enough that the click lands while ingest still has days to read
+ui_drain_dag = _copy("finalckpt_e2e_ui_drain", "ui_drain", ingest_delay_s=10.0)
