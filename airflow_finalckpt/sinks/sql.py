@@ -95,6 +95,11 @@ SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 COUNT_ROWS = {"preserve_rowcount": True}
 
 
+#: ``write_spark`` stages a frame estimated at most this size through the driver (Spark's own
+#: ``spark.sql.autoBroadcastJoinThreshold`` default: a size it collects to the driver anyway).
+DRIVER_WRITE_MAX_BYTES = 10 * 1024 * 1024
+
+
 def _bookkeeping_metadata() -> MetaData:
     metadata = MetaData()
     Table(
@@ -173,8 +178,10 @@ class SqlTableSink(TwoPhaseCommitSink):
         table: str,
         columns: dict[str, TypeEngine[Any] | type[TypeEngine[Any]]] | None = None,
         key_columns: list[str] | tuple[str, ...] | None = None,
+        driver_write_max_bytes: int = DRIVER_WRITE_MAX_BYTES,
     ) -> None:
         super().__init__(sink_id)
+        self.driver_write_max_bytes = int(driver_write_max_bytes)
         self.table_name = self._check_table_name(table)
         self.columns = dict(columns) if columns else None
         for name in self.columns or {}:
@@ -222,7 +229,8 @@ class SqlTableSink(TwoPhaseCommitSink):
         fresh engine; the URL keeps its password, so treat the pickle as a secret."""
         url = self.engine.url.render_as_string(hide_password=False)
         keys = list(self.key_columns) or None
-        return (type(self), (self.sink_id, url, self.table_name, self.columns, keys))
+        args = (self.sink_id, url, self.table_name, self.columns, keys, self.driver_write_max_bytes)
+        return (type(self), args)
 
     @property
     def asset_uri(self) -> str:
@@ -422,6 +430,10 @@ class SqlTableSink(TwoPhaseCommitSink):
     def write_spark(self, txn_id: str, df: pyspark.sql.DataFrame) -> None:
         """Stage a Spark DataFrame from the executors, in parallel; no row reaches the driver.
 
+        A frame whose plan Spark estimates at most ``driver_write_max_bytes`` (default 10 MiB,
+        Spark's broadcast threshold: small enough to collect) is staged through the driver in
+        one database transaction instead; 0 turns that off.
+
         Each partition is loaded by its Spark task over its own connection (PostgreSQL ``COPY``,
         SQLite ``executemany``; SQLite takes one writer at a time, so partitions queue on its
         busy timeout). The executors need this package, SQLAlchemy and the database driver, and
@@ -432,6 +444,12 @@ class SqlTableSink(TwoPhaseCommitSink):
         txn_id = self._check_txn_id(txn_id)
         url = self.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            self.write_arrow(txn_id, df.toArrow())
+            return
+        estimate = estimated_bytes(df)
+        if estimate is not None and estimate <= self.driver_write_max_bytes:
+            # Small (the size Spark would broadcast): one collect and one insert cost less than
+            # starting Python workers on the executors (seconds in a fresh SparkSession).
             self.write_arrow(txn_id, df.toArrow())
             return
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -710,6 +728,15 @@ class SqlTableSink(TwoPhaseCommitSink):
 
 
 # -- executor side of write_spark ------------------------------------------------------------
+
+
+def estimated_bytes(df: pyspark.sql.DataFrame) -> int | None:
+    """Spark's size estimate of a frame's optimized plan (no job runs; file sizes for a scan),
+    or None where it is not available (Spark Connect)."""
+    try:
+        return int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pandas
 import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +25,7 @@ from airflow_finalckpt.sinks.sql import (
     WRITES_TABLE,
     _PartitionWrite,
     _stage_partition,
+    estimated_bytes,
 )
 
 
@@ -40,6 +42,7 @@ def make_sink(db_url: str) -> Iterator:
     table = f"orders_{uuid.uuid4().hex[:8]}"
 
     def factory(**options: object) -> SqlTableSink:
+        options.setdefault("driver_write_max_bytes", 0)  # these tests stage from the executors
         sink = SqlTableSink("spark_orders", db_url, table, **options)  # type: ignore[arg-type]
         created.append(sink)
         return sink
@@ -164,3 +167,28 @@ def test_sealed_transaction_refuses_a_spark_write(spark: SparkSession, make_sink
     with pytest.raises(SinkTransactionError, match="sealed"):
         sink.write_spark("t", orders(spark, 5, 5))
     assert staged_rows(sink) == 5
+
+
+def test_a_small_frame_is_staged_through_the_driver_a_large_one_from_the_executors(
+    spark: SparkSession, make_sink, tmp_path: Path
+) -> None:
+    """The size Spark estimates for the plan decides (a Parquet scan: its file size); both
+    paths stage the same values and commit them once."""
+    orders(spark, 0, 3000).write.parquet(str(tmp_path / "orders"))
+    frame = spark.read.parquet(str(tmp_path / "orders"))
+    estimate = estimated_bytes(frame)
+    assert estimate is not None and estimate > 0
+    small = make_sink(driver_write_max_bytes=estimate)
+    small.write_spark("small", frame)
+    assert write_records(small) == 0  # no executor write was recorded
+    small.commit(small.precommit("small", 1))
+    through_driver = small.read_pandas().sort_values("order_id").reset_index(drop=True)
+    large = make_sink(driver_write_max_bytes=estimate - 1)
+    large.write_spark("large", frame)
+    assert write_records(large) > 0  # staged by the partitions' Spark tasks
+    large.commit(large.precommit("large", 2))
+    both = large.read_pandas().sort_values("order_id").reset_index(drop=True)
+    assert len(through_driver) == 3000 and len(both) == 6000
+    # the executors' copy of each row equals the driver's: duplicates collapse to one each
+    distinct = both.drop_duplicates().sort_values("order_id").reset_index(drop=True)
+    pandas.testing.assert_frame_equal(distinct, through_driver)
