@@ -17,28 +17,37 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, BaseOperator
 
+from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, policy_from
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
+from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
+from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators.failures import fail_permanent_errors
-from airflow_finalckpt.plugins.links import PipelineLink
+from airflow_finalckpt.plugins.pages import PipelinePageLink
+from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
     RunResult,
     RunStatus,
-    StageRunner,
+    StageCloser,
     StageSpec,
 )
+from airflow_finalckpt.spark.driver import spark_logic
+from airflow_finalckpt.spark.launch import ExecutionMode, SparkTarget, resolve_target
+from airflow_finalckpt.spark.launch.submit import SubmitLauncher
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger, StageResumeTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from pyspark.sql import SparkSession
 
-    from airflow_finalckpt.core.coordinator import Coordinator, CoordinatorOptions
     from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
     from airflow_finalckpt.spark.stage import Transform
 
@@ -54,18 +63,18 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
 
 @dataclass
 class StageRun:
-    """What running an attempt produced: the runner's result and whether Spark was used."""
+    """What running an attempt produced: its result, its epoch, whether Spark was used, and
+    the closer that commits and closes the stage once its final checkpoint completed."""
 
     result: RunResult
-    runner: StageRunner
+    epoch: int | None
+    closer: StageCloser
     spark_started: bool
 
 
 def coordinator_options(settings: Any) -> CoordinatorOptions:
     """The pipeline's retention and checkpoint timeout from ``[finalckpt]`` (every stage start
     writes them, so a changed setting applies from the next stage on)."""
-    from airflow_finalckpt.core.coordinator import CoordinatorOptions
-
     return CoordinatorOptions(
         retain_checkpoints=int(settings.retain_checkpoints),
         checkpoint_timeout_s=float(settings.checkpoint_timeout_s),
@@ -109,7 +118,7 @@ class FinalCheckpointStageOperator(BaseOperator):
     template_fields: Sequence[str] = ("pipeline_key", "spark_master")
     ui_color = "#fde2c4"
     #: "Pipeline": the pipeline page of the task's DAG run in the Airflow UI
-    operator_extra_links = (PipelineLink(),)
+    operator_extra_links = (PipelinePageLink(),)
 
     def __init__(
         self,
@@ -197,9 +206,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             key = default_pipeline_key(self.dag_id, context["run_id"])
         return str(key)
 
-    def _hook(self) -> Any:
-        from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
-
+    def _hook(self) -> FinalCkptHook:
         return FinalCkptHook(finalckpt_conn_id=self.finalckpt_conn_id)
 
     # ------------------------------------------------------------------ execution
@@ -234,29 +241,27 @@ class FinalCheckpointStageOperator(BaseOperator):
 
         splits, manifests = self._splits(context)
         run = self._run_stage(context, key, coordinator, settings, storage, splits, manifests)
-        result, runner = run.result, run.runner
+        result = run.result
         context["ti"].xcom_push(
             key=STAGE_RUN_KEY,
             value={
                 "status": result.status.value,
-                "epoch": runner.epoch,
+                "epoch": run.epoch,
                 "processed_splits": list(result.processed_splits),
                 "skipped_splits": result.skipped_splits,
                 "spark_started": run.spark_started,
             },
         )
         if result.status is RunStatus.SUSPENDED:
-            return self._wait_for_resume(runner, key, settings, result.savepoint_id)
-        return self._wait_and_close(context, runner, key, settings)
+            return self._wait_for_resume(run.epoch, key, settings, result.savepoint_id)
+        return self._wait_and_close(context, run.closer, key, settings)
 
     def _wait_for_resume(
-        self, runner: StageRunner, key: str, settings: Any, savepoint_id: int | None
+        self, epoch: int | None, key: str, settings: Any, savepoint_id: int | None
     ) -> None:
         """Suspended by a stop with savepoint: release Spark, wait deferred (no worker slot)."""
-        from airflow_finalckpt.triggers.final_checkpoint import StageResumeTrigger
-
         self.on_kill()  # releases this attempt's SparkSession, if it started one
-        assert runner.epoch is not None
+        assert epoch is not None
         self.log.info(
             "stage %s is suspended at savepoint %s: Spark released, waiting for a resume "
             "(deferred, no worker slot)",
@@ -269,10 +274,10 @@ class FinalCheckpointStageOperator(BaseOperator):
                 stage_id=self.stage_id,
                 store_url=settings.store_url,
                 poll_interval=max(self.poll_interval, 1.0),
-                epoch=runner.epoch,
+                epoch=epoch,
             ),
             method_name="execute_resumed",
-            kwargs={"pipeline_key": key, "epoch": runner.epoch},
+            kwargs={"pipeline_key": key, "epoch": epoch},
         )
 
     def execute_resumed(
@@ -299,50 +304,40 @@ class FinalCheckpointStageOperator(BaseOperator):
         key: str,
         coordinator: Coordinator,
         settings: Any,
-        storage: Any,
+        storage: CheckpointStorage,
         splits: Sequence[str],
         manifests: Mapping[str, list[str]],
     ) -> StageRun:
         """Run this attempt's batches (or suspend, or skip a finished stage): in this process
         with a SparkSession from ``spark_master`` / the ``spark_conn_id`` connection (local,
         client mode or Spark Connect), or in a driver submitted through ``spark-submit``."""
-        from airflow_finalckpt.spark.launch import ExecutionMode
-        from airflow_finalckpt.spark.stage import SparkStageLogic
-
         target = self._spark_target()
+        job = self._stage_job(key, settings, splits, manifests)
+        code = StageCode(self._transform(), self.on_finish, tuple(self.sinks))
         if target.mode is ExecutionMode.SUBMIT and not self._already_finished(coordinator):
-            return self._run_submitted(
-                context, key, coordinator, settings, storage, splits, manifests
-            )
-        logic = SparkStageLogic(
-            self._spark_session,
-            storage,
-            key,
-            self.stage_id,
-            self._transform(),
-            on_finish=self.on_finish,
-            sinks=self.sinks,
-            upstream_manifests=dict(manifests),
+            return self._run_submitted(context, coordinator, settings, storage, job, code)
+        runner = assemble_runner(
+            coordinator, storage, job, code, spark_logic(self._spark_session), log=self.log
         )
-        runner = self._runner(coordinator, key, settings, splits, logic, storage)
         result = runner.run()
-        return StageRun(result=result, runner=runner, spark_started=logic.spark_started)
+        return StageRun(
+            result=result,
+            epoch=runner.epoch,
+            closer=runner.closer(),
+            spark_started=bool(getattr(runner.logic, "spark_started", False)),
+        )
 
-    def _runner(
+    def _stage_job(
         self,
-        coordinator: Coordinator,
         key: str,
         settings: Any,
         splits: Sequence[str],
-        logic: Any,
-        storage: Any = None,
-    ) -> StageRunner:
-        from airflow_finalckpt.storage.hints import StorageThroughputHints
-
+        manifests: Mapping[str, list[str]],
+    ) -> StageJob:
+        """This attempt as plain values: the operator's arguments over ``[finalckpt]``."""
         interval = self.checkpoint_interval or settings.checkpoint_interval_s
-        return StageRunner(
-            coordinator,
-            StageSpec(
+        return StageJob(
+            spec=StageSpec(
                 pipeline_key=key,
                 stage_id=self.stage_id,
                 splits=tuple(splits),
@@ -351,13 +346,8 @@ class FinalCheckpointStageOperator(BaseOperator):
                 commit_mode=self.commit_mode,
                 target_batch_s=self._target_batch_s(settings),
             ),
-            logic,
-            self.sinks,
-            output_handle=getattr(logic, "output_handle", None),
-            log=self.log,
-            hints=StorageThroughputHints(storage, hints_scope(self.dag_id), key)
-            if storage
-            else None,
+            upstream_manifests=dict(manifests),
+            hints_scope=hints_scope(self.dag_id),
         )
 
     def _target_batch_s(self, settings: Any) -> float:
@@ -365,15 +355,17 @@ class FinalCheckpointStageOperator(BaseOperator):
             return float(self.target_batch_s)
         return float(getattr(settings, "target_batch_s", DEFAULT_TARGET_BATCH_S))
 
-    def _wait_and_close(
-        self, context: Context, runner: StageRunner, key: str, settings: Any
-    ) -> Any:
-        eod = runner.try_close()
-        if eod is not None:
-            return self._publish(context, eod, runner.coordinator)
-        from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger
+    def _closer(self, coordinator: Coordinator, epoch: int | None) -> StageCloser:
+        """Commit and close need no Spark: commits are file renames and database transactions."""
+        return StageCloser(coordinator, self.stage_id, self.sinks, epoch=epoch, log=self.log)
 
-        assert runner.epoch is not None
+    def _wait_and_close(
+        self, context: Context, closer: StageCloser, key: str, settings: Any
+    ) -> Any:
+        eod = closer.try_close()
+        if eod is not None:
+            return self._publish(context, eod, closer.coordinator)
+        assert closer.epoch is not None
         self.log.info("stage %s waits for its final checkpoint (deferred)", self.stage_id)
         self.defer(
             trigger=FinalCheckpointTrigger(
@@ -383,10 +375,10 @@ class FinalCheckpointStageOperator(BaseOperator):
                 poll_interval=self.poll_interval,
                 storage_uri=settings.storage_uri,
                 storage_options=dict(settings.storage_options),
-                epoch=runner.epoch,
+                epoch=closer.epoch,
             ),
             method_name="execute_complete",
-            kwargs={"pipeline_key": key, "epoch": runner.epoch},
+            kwargs={"pipeline_key": key, "epoch": closer.epoch},
         )
 
     def execute_complete(
@@ -398,16 +390,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     ) -> Any:
         """Back from the triggerer: commit up to the final checkpoint, close, succeed."""
         event = self._expect_event(event, "closable", "the final checkpoint")
-        hook = self._hook()
-        coordinator = hook.get_coordinator(pipeline_key)
-        runner = StageRunner(
-            coordinator,
-            StageSpec(pipeline_key=pipeline_key, stage_id=self.stage_id, splits=()),
-            _NoLogic(),
-            self.sinks,
-            log=self.log,
-        )
-        eod = runner.try_close(epoch)
+        coordinator = self._hook().get_coordinator(pipeline_key)
+        eod = self._closer(coordinator, epoch).try_close()
         if eod is None:
             raise FinalCheckpointError(
                 f"stage {self.stage_id!r}: checkpoint {event.get('checkpoint_id')} was reported "
@@ -429,7 +413,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         return event
 
     def _publish(
-        self, context: Context, eod: EndOfData, coordinator: Coordinator | None = None
+        self, context: Context, eod: EndOfData, coordinator: CoordinatorPort | None = None
     ) -> dict[str, Any]:
         self._announce_commit(context, coordinator)
         doc = eod.model_dump(mode="json")
@@ -443,7 +427,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         )
         return doc
 
-    def _announce_commit(self, context: Context, coordinator: Coordinator | None) -> None:
+    def _announce_commit(self, context: Context, coordinator: CoordinatorPort | None) -> None:
         """Asset events mark committed data: one per commit, emitted by the success of the
         attempt that made it visible, never by a re-published end_of_data (a CLOSED stage in a
         continuation run would make Asset-scheduled DAGs run again on no new data). The event
@@ -461,8 +445,6 @@ class FinalCheckpointStageOperator(BaseOperator):
             return
         if coordinator is None:
             return
-        from airflow.sdk import Asset
-
         view = coordinator.stage(self.stage_id)
         rows: dict[str, int] = {}
         for txn, state in coordinator.transactions(self.stage_id):
@@ -527,9 +509,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         """The in-process session: ``local[*]``, a cluster master (client mode) or, for an
         ``sc://`` URL, a Spark Connect session (static settings such as the UI are the
         Connect server's, so only ``spark_conf`` is applied there)."""
-        from pyspark.sql import SparkSession
-
-        from airflow_finalckpt.spark.launch import ExecutionMode
+        from pyspark.sql import SparkSession  # pyspark: only when this task runs Spark
 
         target = self._spark_target()
         self.log.info("stage %s runs Spark %s", self.stage_id, target.describe())
@@ -546,11 +526,9 @@ class FinalCheckpointStageOperator(BaseOperator):
         self._spark = builder.getOrCreate()
         return self._spark
 
-    def _spark_target(self) -> Any:
+    def _spark_target(self) -> SparkTarget:
         """Execution mode, master and deploy mode (``airflow_finalckpt.spark.launch``)."""
-        from airflow_finalckpt.spark.launch import resolve_target
-
-        target = getattr(self, "_resolved_target", None)
+        target: SparkTarget | None = getattr(self, "_resolved_target", None)
         if target is None:
             target = resolve_target(
                 spark_master=self.spark_master,
@@ -568,19 +546,15 @@ class FinalCheckpointStageOperator(BaseOperator):
     def _run_submitted(
         self,
         context: Context,
-        key: str,
         coordinator: Coordinator,
         settings: Any,
-        storage: Any,
-        splits: Sequence[str],
-        manifests: Mapping[str, list[str]],
+        storage: CheckpointStorage,
+        job: StageJob,
+        code: StageCode,
     ) -> StageRun:
         """spark-submit the stage: the driver runs the runtime; this task reads its result
         (or reattaches to a driver a previous try submitted and that still runs: the
-        submission is remembered in the task state store, see ``spark.resumable``)."""
-        from airflow_finalckpt.spark.submit import SubmitLauncher
-
-        interval = self.checkpoint_interval or settings.checkpoint_interval_s
+        submission is remembered in the task state store, see ``spark.launch.resumable``)."""
         launcher = SubmitLauncher(
             self._spark_target(),
             storage,
@@ -592,22 +566,9 @@ class FinalCheckpointStageOperator(BaseOperator):
             log=self.log,
         )
         self._launcher: SubmitLauncher | None = launcher
-        job, code = launcher.build_job(
-            pipeline_key=key,
-            stage_id=self.stage_id,
-            splits=splits,
-            batch_size=self.batch_size,
-            target_batch_s=self._target_batch_s(settings),
-            hints_scope=hints_scope(self.dag_id),
-            checkpoint_interval_s=float(interval),
-            commit_mode=self.commit_mode.value,
-            upstream_manifests=manifests,
-            transform=self._transform(),
-            on_finish=self.on_finish,
-            sinks=self.sinks,
-        )
+        driver_job, pickled = launcher.build_job(job, code)
         # ResumableJobMixin: the submission record in the task state store across tries
-        outcome = launcher.run(job, code, context)
+        outcome = launcher.run(driver_job, pickled, context)
         resumable = launcher.resumable
         context["ti"].xcom_push(
             key=SPARK_SUBMISSION_KEY,
@@ -620,9 +581,12 @@ class FinalCheckpointStageOperator(BaseOperator):
                 "state_store": launcher.state_store_kind,
             },
         )
-        runner = self._runner(coordinator, key, settings, splits, _NoLogic())
-        runner.epoch = outcome.epoch
-        return StageRun(result=outcome.result, runner=runner, spark_started=True)
+        return StageRun(
+            result=outcome.result,
+            epoch=outcome.epoch,
+            closer=self._closer(coordinator, outcome.epoch),
+            spark_started=True,
+        )
 
     def on_kill(self) -> None:
         """Stop the Spark work of this attempt (its uncommitted batch is redone later): the
@@ -632,8 +596,6 @@ class FinalCheckpointStageOperator(BaseOperator):
             launcher.on_kill()
         if self._spark is not None:
             spark, self._spark = self._spark, None
-            from airflow_finalckpt.spark.launch import ExecutionMode
-
             if self._spark_target().mode is ExecutionMode.CONNECT:
                 spark.interruptAll()  # a Connect session has no SparkContext
             else:
@@ -643,19 +605,4 @@ class FinalCheckpointStageOperator(BaseOperator):
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage (Airflow's provider calls it on success): sink tables with schema and
         committed rows out, upstream stages' tables in."""
-        from airflow_finalckpt.lineage import stage_lineage
-
         return stage_lineage(self, task_instance)
-
-
-class _NoLogic:
-    """Closing needs no Spark: commits are file renames and database transactions."""
-
-    def restore(self, state: Any, watermark: Any) -> None:
-        raise AssertionError("not used")
-
-    def process(self, batch: Any, txn_ids: Any) -> Any:
-        raise AssertionError("not used")
-
-    def finish(self, drain: bool, txn_ids: Any) -> Any:
-        raise AssertionError("not used")

@@ -34,7 +34,6 @@ from airflow_finalckpt.core.batching import (
     next_batch_size,
     policy_from,
 )
-from airflow_finalckpt.core.coordinator import Coordinator, StopRequest, draining, suspends
 from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
     IllegalTransitionError,
@@ -51,6 +50,9 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
     output_parts,
 )
+from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.views import StopRequest, draining, suspends
+from airflow_finalckpt.runtime.gc import collect_after_close
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 
 
@@ -250,7 +252,7 @@ class StageRunner:
 
     def __init__(
         self,
-        coordinator: Coordinator,
+        coordinator: CoordinatorPort,
         spec: StageSpec,
         logic: StageLogic,
         sinks: Sequence[TwoPhaseCommitSink] = (),
@@ -604,36 +606,100 @@ class StageRunner:
 
     # ------------------------------------------------------------------ closing
 
+    def closer(self) -> StageCloser:
+        """The commit/close side of this attempt: its epoch, sinks, log and fault seam."""
+        return StageCloser(
+            self.coordinator,
+            self.spec.stage_id,
+            tuple(self.sinks.values()),
+            epoch=self.epoch,
+            log=self.log,
+            fault=self.fault,
+            gc_source=self.logic,
+        )
+
+    def commit_covered(self) -> int:
+        """Commit every transaction a completed checkpoint covers (see ``StageCloser``)."""
+        return self.closer().commit_covered()
+
+    def try_close(self, epoch: int | None = None) -> EndOfData | None:
+        """Close this stage if a qualifying checkpoint completed (see ``StageCloser``)."""
+        if epoch is not None:
+            self.epoch = epoch
+        closer = self.closer()
+        eod = closer.try_close()
+        self.epoch = closer.epoch
+        return eod
+
+    def _abort_orphaned_transactions(self) -> None:
+        """Staged transactions the coordinator never recorded (a crashed batch) or aborted (a
+        restore to an earlier checkpoint) are dropped from the sinks."""
+        known = {t.txn_id: state for t, state in self.coordinator.transactions(self.spec.stage_id)}
+        prefix = transaction_prefix(self.spec.pipeline_key, self.spec.stage_id)
+        for sink in self.sinks.values():
+            for txn_id in sorted(sink.staged_txn_ids()):
+                if txn_id.startswith(prefix) and known.get(txn_id, "ABORTED") == "ABORTED":
+                    self.log.info(
+                        "aborting orphaned transaction %s of sink %s", txn_id, sink.sink_id
+                    )
+                    sink.abort(
+                        SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0)
+                    )
+
+
+class StageCloser:
+    """Commit and close of a finished stage (FLIP-147's close()): it needs no stage logic, since
+    commits are file renames and database transactions, so a task back from the triggerer (or
+    whose Spark driver ran elsewhere) closes its stage without Spark."""
+
+    def __init__(
+        self,
+        coordinator: CoordinatorPort,
+        stage_id: str,
+        sinks: Sequence[TwoPhaseCommitSink] = (),
+        *,
+        epoch: int | None = None,
+        log: Log | None = None,
+        fault: Callable[[str], None] | None = None,
+        gc_source: object = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.stage_id = stage_id
+        self.sinks = {s.sink_id: s for s in sinks}
+        #: the attempt's epoch (commits are fenced by it); None: the stage's current epoch
+        self.epoch = epoch
+        self.log: Log = log or logging.getLogger("airflow_finalckpt.stage")
+        self.fault = fault or (lambda _point: None)
+        #: has a ``storage`` attribute (the stage logic): where the collection after close
+        #: looks when the coordinator writes no checkpoint storage
+        self.gc_source = gc_source
+
     def commit_covered(self) -> int:
         """Commit every transaction a completed checkpoint covers (idempotent, fenced)."""
         assert self.epoch is not None
         committed = 0
-        for txn in self.coordinator.committable_transactions(self.spec.stage_id):
+        for txn in self.coordinator.committable_transactions(self.stage_id):
             sink = self.sinks.get(txn.sink_id)
             if sink is None:
                 raise FinalCheckpointError(
-                    f"stage {self.spec.stage_id!r} has a transaction for sink {txn.sink_id!r}, "
+                    f"stage {self.stage_id!r} has a transaction for sink {txn.sink_id!r}, "
                     "which is not configured any more; restore the sink to commit it"
                 )
-            self.coordinator.check_epoch(self.spec.stage_id, self.epoch)
+            self.coordinator.check_epoch(self.stage_id, self.epoch)
             self.fault("before-commit")
             started = time.monotonic()
             sink.commit(txn)
-            metrics.commit(self.spec.stage_id, txn.sink_id, time.monotonic() - started)
+            metrics.commit(self.stage_id, txn.sink_id, time.monotonic() - started)
             self.fault("mid-commit")
-            if self.coordinator.mark_committed(
-                self.spec.stage_id, self.epoch, txn.sink_id, txn.txn_id
-            ):
+            if self.coordinator.mark_committed(self.stage_id, self.epoch, txn.sink_id, txn.txn_id):
                 committed += 1
         return committed
 
-    def try_close(self, epoch: int | None = None) -> EndOfData | None:
+    def try_close(self) -> EndOfData | None:
         """If a qualifying checkpoint completed: commit up to it, abort later ones, close."""
-        if epoch is not None:
-            self.epoch = epoch
         if self.epoch is None:
-            self.epoch = self.coordinator.stage(self.spec.stage_id).epoch
-        stage_id = self.spec.stage_id
+            self.epoch = self.coordinator.stage(self.stage_id).epoch
+        stage_id = self.stage_id
         checkpoint_id = self.coordinator.closable_checkpoint(stage_id)
         if checkpoint_id is None:
             return None
@@ -658,26 +724,9 @@ class StageRunner:
                 len(aborted),
             )
             # Outputs this stage consumed may be collectable now; never raises (logs a warning).
-            from airflow_finalckpt.runtime.gc import collect_after_close
-
-            collect_after_close(self.coordinator, self.logic, self.log)
+            collect_after_close(self.coordinator, self.gc_source, self.log)
             view = self.coordinator.stage(stage_id)
         return view.final_snapshot.end_of_data if view.final_snapshot else None
-
-    def _abort_orphaned_transactions(self) -> None:
-        """Staged transactions the coordinator never recorded (a crashed batch) or aborted (a
-        restore to an earlier checkpoint) are dropped from the sinks."""
-        known = {t.txn_id: state for t, state in self.coordinator.transactions(self.spec.stage_id)}
-        prefix = transaction_prefix(self.spec.pipeline_key, self.spec.stage_id)
-        for sink in self.sinks.values():
-            for txn_id in sorted(sink.staged_txn_ids()):
-                if txn_id.startswith(prefix) and known.get(txn_id, "ABORTED") == "ABORTED":
-                    self.log.info(
-                        "aborting orphaned transaction %s of sink %s", txn_id, sink.sink_id
-                    )
-                    sink.abort(
-                        SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0)
-                    )
 
 
 def _describe_throughput(throughput: Throughput | None, template: str) -> str:

@@ -1,11 +1,13 @@
-"""The Spark driver of a submitted stage: ``spark-submit .../driver.py --job <spec URI>``.
+"""The Spark driver side of a stage: runs where Spark runs and never imports Airflow.
 
-Reads the job spec and the stage code the Airflow task wrote (see ``spark.submit``), runs the
-stage runtime (``StageRunner`` with ``SparkStageLogic``) against the coordination store and the
-checkpoint storage, heartbeats while it runs and writes its ``RunResult`` (or its error) as
-``result.json`` beside the spec. The coordination store URL and the storage settings come from
-the environment (``AIRFLOW__FINALCKPT__STORE_URL`` / ``..._STORAGE_URI`` /
-``..._STORAGE_OPTIONS``), never from the spec file. Airflow is not needed here.
+``spark_logic`` is the stage logic factory of every Spark execution mode (in the Airflow task,
+in-process or Spark Connect, and in a submitted driver). ``spark-submit .../driver.py --job
+<spec URI>`` runs ``run_job``: it reads the job spec and the stage code the Airflow task wrote
+(see ``spark.job``), assembles the stage runtime (``runtime.assembly``) against the
+coordination store and the checkpoint storage, heartbeats while it runs and writes its
+``RunResult`` (or its error) as ``result.json`` beside the spec. The coordination store URL and
+the storage settings come from the environment (``AIRFLOW__FINALCKPT__STORE_URL`` /
+``..._STORAGE_URI`` / ``..._STORAGE_OPTIONS``), never from the spec file.
 """
 
 from __future__ import annotations
@@ -20,17 +22,65 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if __name__ == "__main__":
+    # spark-submit runs this file as a script: its directory must not shadow top-level modules
+    # (removed before anything else is imported).
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+
+from airflow_finalckpt.config import mask_url, parse_storage_options
+from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.core.errors import StageDefinitionError
+from airflow_finalckpt.runtime.assembly import LogicFactory, StageCode, StageJob, assemble_runner
+from airflow_finalckpt.runtime.runner import StageLogic, StageRunner
+from airflow_finalckpt.spark.job import (
+    STORAGE_OPTIONS_ENV,
+    STORAGE_URI_ENV,
+    STORE_URL_ENV,
+    DriverJob,
+    Files,
+    resolve_reference,
+    result_to_json,
+)
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("airflow_finalckpt.driver")
 
 
-def _storage_from_env() -> Any:
-    """The checkpoint storage the Airflow task handed over in the environment."""
-    from airflow_finalckpt.config import parse_storage_options
-    from airflow_finalckpt.spark.submit import STORAGE_OPTIONS_ENV, STORAGE_URI_ENV
-    from airflow_finalckpt.storage import CheckpointStorage
+def spark_logic(session: Callable[[], SparkSession]) -> LogicFactory:
+    """The stage logic on Spark, its session created on first use (a skipped stage starts
+    none): the factory of the operator's in-process path and of a submitted driver."""
 
+    def make(job: StageJob, code: StageCode, storage: CheckpointStorage) -> StageLogic:
+        # pyspark is imported where Spark runs, not by modules that only name this factory
+        from airflow_finalckpt.spark.stage import SparkStageLogic
+
+        if code.transform is None:
+            raise StageDefinitionError(f"stage {job.spec.stage_id!r} has no transform")
+        return SparkStageLogic(
+            session,
+            storage,
+            job.spec.pipeline_key,
+            job.spec.stage_id,
+            code.transform,
+            on_finish=code.on_finish,
+            sinks=code.sinks,
+            upstream_manifests={k: list(v) for k, v in job.upstream_manifests.items()},
+        )
+
+    return make
+
+
+def _storage_from_env() -> CheckpointStorage:
+    """The checkpoint storage the Airflow task handed over in the environment."""
     root = os.environ.get(STORAGE_URI_ENV)
     if not root:
         raise SystemExit(
@@ -74,20 +124,42 @@ class Heartbeat(threading.Thread):
                 log.warning("driver %s: heartbeat failed: %s", self.sid, exc)
 
 
-def run_job(job_uri: str) -> int:
-    from airflow_finalckpt.config import mask_url
-    from airflow_finalckpt.core.coordinator import Coordinator
-    from airflow_finalckpt.runtime.runner import CommitMode, StageRunner, StageSpec
-    from airflow_finalckpt.spark.submit import (
-        STORE_URL_ENV,
-        DriverJob,
-        Files,
-        resolve_reference,
-        result_to_json,
-    )
-    from airflow_finalckpt.store.engine import make_engine
-    from airflow_finalckpt.store.migrate import ensure_schema
+def _load_code(job: DriverJob, files: Files) -> StageCode:
+    """The stage's code: by ``module:qualname`` reference, or unpickled from ``code.pkl``."""
+    sid = job.submission_id
+    pickled: dict[str, Any] = {}
+    if any(v == "pickle" for v in job.code.values()):
+        blob = files.read(sid, "code.pkl")
+        if blob is None:
+            raise RuntimeError(f"code file {files.path(sid, 'code.pkl')} is missing")
+        pickled = pickle.loads(blob)  # written by the Airflow task of this very submission
 
+    def load(name: str) -> Any:
+        how = job.code.get(name)
+        if how is None:
+            return None
+        if how == "pickle":
+            return pickled[name]
+        return resolve_reference(how[len("ref:") :])
+
+    return StageCode(load("transform"), load("on_finish"), tuple(load("sinks") or ()))
+
+
+def _store_url(job: DriverJob) -> str:
+    """The coordination store from the environment: the Airflow task's, or a clear error."""
+    store_url = os.environ.get(STORE_URL_ENV)
+    if not store_url:
+        raise RuntimeError(f"{STORE_URL_ENV} is not set in the driver's environment")
+    if mask_url(store_url) != job.store_url_masked:
+        raise RuntimeError(
+            f"the driver's coordination store {mask_url(store_url)} is not the Airflow "
+            f"task's {job.store_url_masked}"
+        )
+    return store_url
+
+
+def run_job(job_uri: str) -> int:
+    """Run the submitted stage attempt; 0 with its result, 1 with its error in result.json."""
     storage = _storage_from_env()
     fs = storage.fs
     job = DriverJob.from_json(bytes(fs.cat_file(job_uri)))
@@ -98,39 +170,12 @@ def run_job(job_uri: str) -> int:
     heartbeat.start()
     runner: StageRunner | None = None
     try:
-        store_url = os.environ.get(STORE_URL_ENV)
-        if not store_url:
-            raise RuntimeError(f"{STORE_URL_ENV} is not set in the driver's environment")
-        if mask_url(store_url) != job.store_url_masked:
-            raise RuntimeError(
-                f"the driver's coordination store {mask_url(store_url)} is not the Airflow "
-                f"task's {job.store_url_masked}"
-            )
-        code: dict[str, Any] = {}
-        if any(v == "pickle" for v in job.code.values()):
-            blob = files.read(sid, "code.pkl")
-            if blob is None:
-                raise RuntimeError(f"code file {files.path(sid, 'code.pkl')} is missing")
-            code = pickle.loads(blob)  # written by the Airflow task of this very submission
-
-        def load(name: str) -> Any:
-            how = job.code.get(name)
-            if how is None:
-                return None
-            if how == "pickle":
-                return code[name]
-            return resolve_reference(how[len("ref:") :])
-
-        transform = load("transform")
-        on_finish = load("on_finish")
-        sinks = list(load("sinks") or [])
-
-        from pyspark.sql import SparkSession
-
-        from airflow_finalckpt.spark.stage import SparkStageLogic
-        from airflow_finalckpt.storage.hints import StorageThroughputHints
+        store_url = _store_url(job)
+        code = _load_code(job, files)
 
         def session() -> SparkSession:
+            from pyspark.sql import SparkSession
+
             spark = SparkSession.builder.getOrCreate()
             try:
                 heartbeat.app_id = spark.sparkContext.applicationId
@@ -141,37 +186,14 @@ def run_job(job_uri: str) -> int:
         engine = make_engine(store_url)
         ensure_schema(engine)
         coordinator = Coordinator(engine, job.pipeline_key, writer=storage)
-        logic = SparkStageLogic(
-            session,
-            storage,
-            job.pipeline_key,
-            job.stage_id,
-            transform,
-            on_finish=on_finish,
-            sinks=sinks,
-            upstream_manifests=job.upstream_manifests,
-        )
-        runner = StageRunner(
+        runner = assemble_runner(
             coordinator,
-            StageSpec(
-                pipeline_key=job.pipeline_key,
-                stage_id=job.stage_id,
-                splits=tuple(job.splits),
-                batch_size=job.batch_size,
-                checkpoint_interval_s=job.checkpoint_interval_s,
-                commit_mode=CommitMode(job.commit_mode),
-                target_batch_s=job.target_batch_s,
-            ),
-            logic,
-            sinks,
-            output_handle=logic.output_handle,
+            storage,
+            job.stage_job(),
+            code,
+            spark_logic(session),
             log=log,
             on_progress=lambda _p: setattr(heartbeat, "epoch", runner.epoch if runner else None),
-            hints=(
-                StorageThroughputHints(storage, job.hints_scope, job.pipeline_key)
-                if job.hints_scope
-                else None
-            ),
         )
         log.info(
             "driver %s: stage %s of pipeline %s, %d splits, store %s, storage %s",
@@ -191,7 +213,7 @@ def run_job(job_uri: str) -> int:
                 result,
                 epoch=runner.epoch,
                 app_id=heartbeat.app_id,
-                spark_started=logic.spark_started,
+                spark_started=bool(getattr(runner.logic, "spark_started", False)),
             ),
         )
         log.info("driver %s: stage %s %s", sid, job.stage_id, result.status.value)
@@ -237,7 +259,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # spark-submit runs this file as a script: its directory must not shadow top-level modules.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.exit(main(sys.argv[1:]))

@@ -14,14 +14,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.operators.stage import SPARK_SUBMISSION_KEY, FinalCheckpointStageOperator
-from airflow_finalckpt.runtime.runner import RunResult, RunStatus
-from airflow_finalckpt.spark import submit
-from airflow_finalckpt.spark.launch import EXECUTION_ENV, ExecutionMode, resolve_target
+from airflow_finalckpt.runtime.assembly import StageCode, StageJob
+from airflow_finalckpt.runtime.runner import RunResult, RunStatus, StageSpec
+from airflow_finalckpt.spark import job as driver_job
+from airflow_finalckpt.spark.launch import EXECUTION_ENV, ExecutionMode, resolve_target, submit
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
@@ -149,7 +150,7 @@ def test_code_from_an_airflow_dag_file_is_pickled_by_value(tmp_path: Path) -> No
 
     ref = submit.code_reference(windows_transform)
     assert ref == "airflow_finalckpt.examples.nycflights13.stages:windows_transform"
-    assert submit.resolve_reference(ref) is windows_transform
+    assert driver_job.resolve_reference(ref) is windows_transform
 
 
 def test_unpicklable_code_is_refused_clearly() -> None:
@@ -181,13 +182,13 @@ def test_operator_submits_and_hands_the_driver_epoch_to_closing(
     seen: dict[str, Any] = {}
 
     def fake_run(
-        self: submit.SubmitLauncher, job: submit.DriverJob, code: Any, context: Any = None
+        self: submit.SubmitLauncher, job: driver_job.DriverJob, code: Any, context: Any = None
     ) -> Any:
         seen["job"] = job
         seen["context"] = context
         seen["target"] = self.target
         eod = EndOfData(manifest=["data/s/x"])
-        return submit.DriverOutcome(
+        return driver_job.DriverOutcome(
             RunResult(RunStatus.FINISHED, eod, ("a",)), 7, job.submission_id
         )
 
@@ -203,7 +204,7 @@ def test_operator_submits_and_hands_the_driver_epoch_to_closing(
 
     ti = _TI()
     run = op._run_stage({"ti": ti}, "p", coordinator, Settings(), storage, ["a"], {})  # type: ignore[arg-type]
-    assert run.runner.epoch == 7 and run.spark_started
+    assert run.epoch == 7 and run.closer.epoch == 7 and run.spark_started
     assert run.result.end_of_data is not None and run.result.end_of_data.manifest == ["data/s/x"]
     assert seen["target"].deploy_mode == "client" and seen["job"].splits == ("a",)
     assert ti.xcoms[SPARK_SUBMISSION_KEY]["epoch"] == 7
@@ -230,7 +231,7 @@ class _StateStore:
 class _Hook:
     """A SparkSubmitHook stand-in: submit() runs a 'driver' that writes result.json."""
 
-    def __init__(self, files: submit.Files, submitted: list[str], **kwargs: Any) -> None:
+    def __init__(self, files: driver_job.Files, submitted: list[str], **kwargs: Any) -> None:
         self.files, self.submitted, self.kwargs = files, submitted, kwargs
 
     def submit(self, application: str) -> None:
@@ -246,11 +247,11 @@ class _Hook:
 
 def _launcher(
     tmp_path: Path, submitted: list[str], stale_s: float = 30.0
-) -> tuple[submit.SubmitLauncher, submit.Files]:
+) -> tuple[submit.SubmitLauncher, driver_job.Files]:
     from airflow_finalckpt.spark.launch import SparkTarget
 
     storage = CheckpointStorage(str(tmp_path / "ckpt"))
-    files = submit.Files(storage, "nyc", "enrich")
+    files = driver_job.Files(storage, "nyc", "enrich")
     launcher = submit.SubmitLauncher(
         SparkTarget(ExecutionMode.SUBMIT, "spark://m:7077", "client"),
         storage,
@@ -263,19 +264,9 @@ def _launcher(
     return launcher, files
 
 
-def _job(launcher: submit.SubmitLauncher) -> tuple[submit.DriverJob, Any]:
-    return launcher.build_job(
-        pipeline_key="nyc",
-        stage_id="enrich",
-        splits=["a"],
-        batch_size=1,
-        checkpoint_interval_s=60,
-        commit_mode="progressive",
-        upstream_manifests={},
-        transform=lambda ctx: None,
-        on_finish=None,
-        sinks=[],
-    )
+def _job(launcher: submit.SubmitLauncher) -> tuple[driver_job.DriverJob, Any]:
+    spec = StageSpec(pipeline_key="nyc", stage_id="enrich", splits=("a",), batch_size=1)
+    return launcher.build_job(StageJob(spec), StageCode(transform=lambda ctx: None))
 
 
 def _record(sid: str, **extra: Any) -> dict[str, Any]:
@@ -284,7 +275,7 @@ def _record(sid: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_first_try_records_the_submission_in_the_task_state_store(tmp_path: Path) -> None:
-    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+    from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted)
@@ -309,7 +300,7 @@ def test_first_try_records_the_submission_in_the_task_state_store(tmp_path: Path
 
 
 def test_a_later_try_reattaches_to_a_running_driver(tmp_path: Path) -> None:
-    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
+    from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted)
@@ -345,7 +336,7 @@ def test_a_later_try_reattaches_to_a_running_driver(tmp_path: Path) -> None:
 def test_a_later_try_resubmits_when_the_recorded_driver_is_gone(
     tmp_path: Path, setup: str, status: str
 ) -> None:
-    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+    from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted)
@@ -369,7 +360,7 @@ def test_a_later_try_resubmits_when_the_recorded_driver_is_gone(
 
 
 def test_a_reattached_driver_that_dies_is_replaced_in_the_same_try(tmp_path: Path) -> None:
-    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+    from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted, stale_s=0.5)
@@ -384,7 +375,7 @@ def test_a_reattached_driver_that_dies_is_replaced_in_the_same_try(tmp_path: Pat
 def test_without_a_task_state_store_the_record_goes_to_the_checkpoint_storage(
     tmp_path: Path,
 ) -> None:
-    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+    from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted)
@@ -403,7 +394,7 @@ def test_without_a_task_state_store_the_record_goes_to_the_checkpoint_storage(
 
 
 def test_a_killed_driver_is_recorded_exited_for_the_next_try(tmp_path: Path) -> None:
-    from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY
+    from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted)
@@ -415,7 +406,7 @@ def test_a_killed_driver_is_recorded_exited_for_the_next_try(tmp_path: Path) -> 
     launcher.hook_factory = lambda **kw: DeadHook(files, submitted, **kw)
     store = _StateStore()
     job, code = _job(launcher)
-    with pytest.raises(submit.DriverError, match="ended without a result"):
+    with pytest.raises(driver_job.DriverError, match="ended without a result"):
         launcher.run(job, code, {"task_state_store": store})
     record = store.get(SUBMISSION_STATE_KEY)
     assert record["submission_id"] == job.submission_id and record["exited_at"] > 0

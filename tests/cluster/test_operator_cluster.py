@@ -42,11 +42,11 @@ from typing import Any
 
 import pytest
 
-from airflow_finalckpt.core.coordinator import Coordinator
+from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.model import StageLifecycle
 from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
 from airflow_finalckpt.spark.launch import STANDALONE_PYTHON_CLUSTER_MODE
-from airflow_finalckpt.spark.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
+from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
 
@@ -292,7 +292,7 @@ def _running_driver(checkpoints: Path) -> dict[str, Any]:
 def task_dies_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Lets the test end a try of the task while its driver runs on, and records what each
     later try decided from the task state store (the task runs in this process: dag.test())."""
-    from airflow_finalckpt.spark.resumable import ResumableSubmission
+    from airflow_finalckpt.spark.launch.resumable import ResumableSubmission
 
     state: dict[str, Any] = {"crash": tmp_path / "crash-task", "decisions": []}
     own_wait = ResumableSubmission._wait_own_driver

@@ -1,5 +1,9 @@
 """Where a stage's Spark driver runs: chosen by connection and configuration, not by DAG code.
 
+The Airflow side of ``spark`` (it runs in the Airflow task): this module resolves the target,
+``submit`` runs a driver through ``spark-submit`` and ``resumable`` reattaches to one across
+task tries. The driver itself (``spark.driver``) never imports this package.
+
 Three execution modes (see docs/spark-cluster.md):
 
 ``in-process``

@@ -28,26 +28,44 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow.sdk import ResumableJobMixin
 
 from airflow_finalckpt.runtime.runner import RunStatus
-from airflow_finalckpt.spark.submit import (
+from airflow_finalckpt.spark.job import (
     DriverError,
     DriverJob,
     DriverLost,
     DriverOutcome,
     Files,
+    driver_outcome,
     driver_script,
     heartbeat_age,
 )
-
-if TYPE_CHECKING:
-    from airflow_finalckpt.spark.submit import SubmitLauncher
+from airflow_finalckpt.spark.launch import SparkTarget
+from airflow_finalckpt.storage import CheckpointStorage
 
 #: Task state store key of the stage's latest submission (renaming it breaks in-flight retries).
 SUBMISSION_STATE_KEY = "finalckpt_spark_submission"
+
+
+class Launcher(Protocol):
+    """What a resumable submission uses of its launcher (``spark.launch.submit.SubmitLauncher``)."""
+
+    target: SparkTarget
+    storage: CheckpointStorage
+    log: Any
+    heartbeat_stale_s: float
+    poll_interval_s: float
+    #: the hook that runs spark-submit (``on_kill`` stops it)
+    hook: Any
+    #: the submission this try submitted or reattached to (``on_kill`` cancels it)
+    submission: str | None
+    #: set by ``on_kill``: stop waiting for a reattached driver
+    killed: bool
+
+    def make_hook(self, job: DriverJob, spec_uri: str) -> Any: ...
 
 
 class SubmissionStatus:
@@ -131,7 +149,7 @@ class ResumableSubmission(ResumableJobMixin):
     external_id_key = SUBMISSION_STATE_KEY
 
     def __init__(
-        self, launcher: SubmitLauncher, job: DriverJob, code: bytes | None, *, durable: bool = True
+        self, launcher: Launcher, job: DriverJob, code: bytes | None, *, durable: bool = True
     ) -> None:
         # ResumableJobMixin.__init__ is an operator constructor (default_args): not called.
         self.launcher = launcher
@@ -173,7 +191,7 @@ class ResumableSubmission(ResumableJobMixin):
         if store is not None and self.durable:
             store.set(self.external_id_key, record)
         self._submitted = sid
-        self.launcher._submission = sid
+        self.launcher.submission = sid
         self.log.info(
             "stage %s: spark-submit of submission %s (%s), job %s",
             job.stage_id,
@@ -251,7 +269,7 @@ class ResumableSubmission(ResumableJobMixin):
                 f"stage {self.job.stage_id!r}: submission {sid} has no result "
                 f"({self.files.path(sid, 'result.json')})"
             )
-        return self.launcher._outcome(self.files, sid, doc, reconnected=sid != self._submitted)
+        return driver_outcome(self.job.stage_id, sid, doc, reconnected=sid != self._submitted)
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -287,10 +305,10 @@ class ResumableSubmission(ResumableJobMixin):
             beat.get("host"),
             beat.get("pid"),
         )
-        self.launcher._submission = sid
+        self.launcher.submission = sid
         started = time.time()
         while True:
-            if self.launcher._killed:
+            if self.launcher.killed:
                 raise DriverError(f"stage {files.stage_id!r}: killed while waiting for driver")
             if files.exists(sid, "result.json"):
                 return
