@@ -16,7 +16,7 @@ Two paths, kept apart: inside Airflow (tasks, triggerer, api-server, CLI next to
 asks Airflow's ``conf``; where Airflow is not installed (the Spark driver of a submitted stage, the
 CLI on a bare machine) only steps 1-3 and 5 answer. The Spark driver never resolves the store or
 the storage here: the Airflow task resolves them and passes the values in the driver job's
-environment (``spark/submit.py``), which the driver reads as they are (``spark/driver.py``).
+environment (``spark/launch/submit.py``), which the driver reads as they are (``spark/driver.py``).
 Airflow is imported lazily, only when a setting is still unresolved after steps 1-3, and any
 failure to import it is ignored.
 """

@@ -19,7 +19,7 @@ from airflow_finalckpt.store import connect
 
 def test_every_setting_has_a_documented_option_and_a_default() -> None:
     assert set(SETTING_DEFAULTS) == set(PARSERS)
-    # spark_execution (read by spark/launch.py) is documented, without default: automatic
+    # spark_execution (read by spark/launch/) is documented, without default: automatic
     assert set(CONFIG_OPTIONS) == {*PARSERS, "spark_execution"}
     assert CONFIG_OPTIONS["spark_execution"]["default"] is None
     for name, option in CONFIG_OPTIONS.items():

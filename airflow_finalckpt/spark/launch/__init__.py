@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
 from airflow_finalckpt import config
 from airflow_finalckpt.config import env_var_name
 from airflow_finalckpt.core.errors import ConfigurationError, StageDefinitionError
@@ -126,15 +129,13 @@ class ConnectionInfo:
 
 def connection_info(conn_id: str) -> ConnectionInfo | None:
     """Parse the Spark connection as the Spark provider does; None when it does not exist."""
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
         return None
     extra = conn.extra_dejson or {}
     execution = extra.get(EXECUTION_EXTRA)
+    # The Spark provider's hooks load only when a connection is resolved, not at DAG parsing.
     if conn.conn_type in ("spark_connect", "sc"):
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
