@@ -431,8 +431,8 @@ class SqlTableSink(TwoPhaseCommitSink):
         """Stage a Spark DataFrame from the executors, in parallel; no row reaches the driver.
 
         A frame whose plan Spark estimates at most ``driver_write_max_bytes`` (default 10 MiB,
-        Spark's broadcast threshold: small enough to collect) is staged through the driver in
-        one database transaction instead; 0 turns that off.
+        Spark's broadcast threshold: small enough to collect) is collected and staged by the
+        driver as one partition instead; 0 turns that off.
 
         Each partition is loaded by its Spark task over its own connection (PostgreSQL ``COPY``,
         SQLite ``executemany``; SQLite takes one writer at a time, so partitions queue on its
@@ -444,12 +444,6 @@ class SqlTableSink(TwoPhaseCommitSink):
         txn_id = self._check_txn_id(txn_id)
         url = self.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-            self.write_arrow(txn_id, df.toArrow())
-            return
-        estimate = estimated_bytes(df)
-        if estimate is not None and estimate <= self.driver_write_max_bytes:
-            # Small (the size Spark would broadcast): one collect and one insert cost less than
-            # starting Python workers on the executors (seconds in a fresh SparkSession).
             self.write_arrow(txn_id, df.toArrow())
             return
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -477,9 +471,16 @@ class SqlTableSink(TwoPhaseCommitSink):
             staging_table=staging.name,
             columns=tuple(df.columns),
         )
-        with _local_executors_use_this_python(df):
-            staged = df.mapInArrow(spec, "rows long")
-        rows = sum(int(row["rows"]) for row in staged.collect())
+        estimate = estimated_bytes(df)
+        if estimate is not None and estimate <= self.driver_write_max_bytes:
+            # Small (the size Spark would broadcast): the driver collects it and stages it as one
+            # partition, which costs less than starting the executors' Python workers (seconds
+            # in a fresh SparkSession).
+            rows = _stage_partition(spec, 0, iter(df.toArrow().to_batches()))
+        else:
+            with _local_executors_use_this_python(df):
+                staged = df.mapInArrow(spec, "rows long")
+            rows = sum(int(row["rows"]) for row in staged.collect())
         self._complete_write(txn_id, spec.write_id, rows)
 
     def _complete_write(self, txn_id: str, write_id: str, rows: int) -> None:

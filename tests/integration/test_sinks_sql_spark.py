@@ -169,25 +169,31 @@ def test_sealed_transaction_refuses_a_spark_write(spark: SparkSession, make_sink
     assert staged_rows(sink) == 5
 
 
-def test_a_small_frame_is_staged_through_the_driver_a_large_one_from_the_executors(
+def test_a_small_frame_is_staged_by_the_driver_a_large_one_by_the_executors(
     spark: SparkSession, make_sink, tmp_path: Path
 ) -> None:
-    """The size Spark estimates for the plan decides (a Parquet scan: its file size); both
-    paths stage the same values and commit them once."""
+    """The size Spark estimates for the plan decides (a Parquet scan: its file size); the
+    driver stages a small frame as one partition; both paths stage the same values."""
     orders(spark, 0, 3000).write.parquet(str(tmp_path / "orders"))
-    frame = spark.read.parquet(str(tmp_path / "orders"))
+    frame = spark.read.parquet(str(tmp_path / "orders")).repartition(4)
     estimate = estimated_bytes(frame)
     assert estimate is not None and estimate > 0
+
+    def claimed_partitions(sink: SqlTableSink) -> int:
+        with sink.engine.connect() as conn:
+            query = text(f"SELECT count(*) FROM {WRITES_TABLE} WHERE part >= 0")
+            return int(conn.execute(query).scalar_one())
+
     small = make_sink(driver_write_max_bytes=estimate)
     small.write_spark("small", frame)
-    assert write_records(small) == 0  # no executor write was recorded
+    assert claimed_partitions(small) == 1
     small.commit(small.precommit("small", 1))
     through_driver = small.read_pandas().sort_values("order_id").reset_index(drop=True)
     large = make_sink(driver_write_max_bytes=estimate - 1)
     large.write_spark("large", frame)
-    assert write_records(large) > 0  # staged by the partitions' Spark tasks
+    assert claimed_partitions(large) == 4  # one per Spark task
     large.commit(large.precommit("large", 2))
-    both = large.read_pandas().sort_values("order_id").reset_index(drop=True)
+    both = large.read_pandas()
     assert len(through_driver) == 3000 and len(both) == 6000
     # the executors' copy of each row equals the driver's: duplicates collapse to one each
     distinct = both.drop_duplicates().sort_values("order_id").reset_index(drop=True)
