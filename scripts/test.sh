@@ -7,9 +7,17 @@
 # order). Each process has its own AIRFLOW_HOME and lists its 25 slowest tests; the suite must
 # stay well under 30 minutes on 2 cores. Arguments (e.g. a path or -k) run one pytest process.
 # FINALCKPT_REQUIRE_POSTGRES=1 turns "PostgreSQL not reachable" skips into failures (CI sets it).
+# --fast: the inner loop's tier only (tests/unit: the core rules, the coordinator's transitions
+# on plain values, the runtime with fakes; ~2 minutes here), then ruff; no Spark, Airflow or e2e.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  AIRFLOW_HOME=${AIRFLOW_HOME:-$(mktemp -d -t finalckpt-airflow-home-XXXX)} .venv/bin/python -m pytest -q --durations=10 -p no:cacheprovider tests/unit "$@"
+  .venv/bin/ruff check .
+  exit 0
+fi
 home=${AIRFLOW_HOME:-$(mktemp -d -t finalckpt-airflow-home-XXXX)}
 PYTEST=(.venv/bin/python -m pytest -q --durations=25)
 
