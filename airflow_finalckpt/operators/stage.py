@@ -91,6 +91,43 @@ def default_pipeline_key(dag_id: str, run_id: str) -> str:
     return _UNSAFE.sub("-", f"{dag_id}.{run_id}")[:200]
 
 
+def primary_splits(
+    stage_id: str, primary_input: str | None, manifests: Mapping[str, list[str]]
+) -> list[str]:
+    """A stage without own splits reads its primary input's output parts (by default: its only
+    upstream stage's)."""
+    primary = primary_input
+    if primary is None:
+        if len(manifests) != 1:
+            raise StageDefinitionError(
+                f"stage {stage_id!r} needs `splits` (a source stage) or `primary_input` "
+                f"(it has {len(manifests)} upstream stages)"
+            )
+        primary = next(iter(manifests))
+    if primary not in manifests:
+        raise StageDefinitionError(
+            f"stage {stage_id!r}: primary_input {primary!r} is not an upstream stage"
+        )
+    return manifests[primary]
+
+
+def commit_extra(coordinator: CoordinatorPort, stage_id: str) -> dict[str, Any]:
+    """The extra of a closed stage's Asset events: the pipeline, the checkpoint the stage
+    closed on and the rows its committed transactions wrote (per sink and in all)."""
+    view = coordinator.stage(stage_id)
+    rows: dict[str, int] = {}
+    for txn, state in coordinator.transactions(stage_id):
+        if state == "COMMITTED":
+            rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
+    return {
+        "pipeline_key": coordinator.pipeline_key,
+        "stage_id": stage_id,
+        "checkpoint_id": view.closed_checkpoint_id,
+        "rows": sum(rows.values()),
+        "rows_by_sink": rows,
+    }
+
+
 class FinalCheckpointStageOperator(BaseOperator):
     """Run a PySpark stage with exactly-once output committed at its final checkpoint.
 
@@ -445,18 +482,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             return
         if coordinator is None:
             return
-        view = coordinator.stage(self.stage_id)
-        rows: dict[str, int] = {}
-        for txn, state in coordinator.transactions(self.stage_id):
-            if state == "COMMITTED":
-                rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
-        extra: dict[str, Any] = {
-            "pipeline_key": coordinator.pipeline_key,
-            "stage_id": self.stage_id,
-            "checkpoint_id": view.closed_checkpoint_id,
-            "rows": sum(rows.values()),
-            "rows_by_sink": rows,
-        }
+        extra = commit_extra(coordinator, self.stage_id)
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
                 context["outlet_events"][outlet].extra.update(extra)
@@ -486,19 +512,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         if self.splits is not None:
             splits = self.splits() if callable(self.splits) else self.splits
             return list(splits), manifests
-        primary = self.primary_input
-        if primary is None:
-            if len(manifests) != 1:
-                raise StageDefinitionError(
-                    f"stage {self.stage_id!r} needs `splits` (a source stage) or `primary_input` "
-                    f"(it has {len(manifests)} upstream stages)"
-                )
-            primary = next(iter(manifests))
-        if primary not in manifests:
-            raise StageDefinitionError(
-                f"stage {self.stage_id!r}: primary_input {primary!r} is not an upstream stage"
-            )
-        return manifests[primary], manifests
+        return primary_splits(self.stage_id, self.primary_input, manifests), manifests
 
     def _transform(self) -> Transform:
         if self.transform is None:
