@@ -728,9 +728,6 @@ class SqlTableSink(TwoPhaseCommitSink):
         return f"SqlTableSink(sink_id={self.sink_id!r}, url={url!r}, table={self.table_name!r})"
 
 
-# -- executor side of write_spark ------------------------------------------------------------
-
-
 def estimated_bytes(df: pyspark.sql.DataFrame) -> int | None:
     """Spark's size estimate of a frame's optimized plan (no job runs; file sizes for a scan),
     or None where it is not available (Spark Connect)."""
@@ -738,6 +735,9 @@ def estimated_bytes(df: pyspark.sql.DataFrame) -> int | None:
         return int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
     except Exception:
         return None
+
+
+# -- executor side of write_spark ------------------------------------------------------------
 
 
 @contextlib.contextmanager

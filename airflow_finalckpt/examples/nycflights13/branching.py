@@ -103,7 +103,8 @@ def branching_sinks(
 
 def weather_transform(input_dir: str) -> Transform:
     def transform(ctx: BatchContext) -> DataFrame:
-        return transforms.weather_by_origin(ctx.spark, open_layout(input_dir), ctx.splits)
+        layout = stages.input_layout(ctx, input_dir)
+        return transforms.weather_by_origin(ctx.spark, layout, ctx.splits)
 
     return transform
 
@@ -113,7 +114,7 @@ def enrich_transform(input_dir: str) -> Transform:
     ``weather`` stage's whole output, all built and key-checked once per stage attempt."""
 
     def transform(ctx: BatchContext) -> DataFrame:
-        layout = open_layout(input_dir)
+        layout = stages.input_layout(ctx, input_dir)
         # from the attempt's second batch on held on the driver (``broadcast_table``)
         dims = {
             name: ctx.broadcast_table(name, partial(load_dim, ctx.spark, layout, name))

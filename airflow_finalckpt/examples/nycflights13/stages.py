@@ -14,7 +14,7 @@ from functools import partial
 
 from pyspark.sql import DataFrame
 
-from airflow_finalckpt.examples.nycflights13.data import open_layout, split_path
+from airflow_finalckpt.examples.nycflights13.data import InputLayout, open_layout, split_path
 from airflow_finalckpt.examples.nycflights13.transforms import (
     DIMENSION_TABLES,
     delay_windows,
@@ -22,7 +22,6 @@ from airflow_finalckpt.examples.nycflights13.transforms import (
     flush_delay_windows,
     ingest,
     load_dim,
-    load_dims,
     verify_dims,
 )
 from airflow_finalckpt.spark.stage import BatchContext, Transform
@@ -41,9 +40,14 @@ class ExampleStage:
     primary_input: str | None = None
 
 
+def input_layout(ctx: BatchContext, input_dir: str) -> InputLayout:
+    """The input layout, read once per stage attempt (reading it checks every input file)."""
+    return ctx.attempt_value("input_layout", partial(open_layout, input_dir))
+
+
 def ingest_transform(input_dir: str) -> Transform:
     def transform(ctx: BatchContext) -> DataFrame:
-        layout = open_layout(input_dir)
+        layout = input_layout(ctx, input_dir)
         return ingest(ctx.spark, [str(split_path(layout, s)) for s in ctx.splits])
 
     return transform
@@ -51,12 +55,10 @@ def ingest_transform(input_dir: str) -> Transform:
 
 def enrich_transform(input_dir: str) -> Transform:
     def transform(ctx: BatchContext) -> DataFrame:
-        if ctx.logic is None:
-            return enrich(ctx.spark, ctx.read_parts(), load_dims(ctx.spark, open_layout(input_dir)))
         # The dims are read from immutable input files: key-checked once per stage attempt and,
         # from its second batch on, held on the driver (``broadcast_table``: no state files, no
         # file scan per batch).
-        layout = open_layout(input_dir)
+        layout = input_layout(ctx, input_dir)
         dims = {
             name: ctx.broadcast_table(name, partial(load_dim, ctx.spark, layout, name))
             for name in DIMENSION_TABLES
