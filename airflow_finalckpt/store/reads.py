@@ -3,7 +3,7 @@ locked transition or a plain read): the coordinator's queries, one method each."
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, func, select
@@ -217,16 +217,20 @@ class StoreReader:
         ).scalar()
         return None if cid is None else int(cid)
 
-    def pending(self) -> list[tuple[int, float]]:
-        """(id, triggered_at) of every pending checkpoint, oldest first."""
-        rows = self.conn.execute(
-            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.triggered_at)
+    def _pending_with(self, column: Any) -> Sequence[Any]:
+        """(id, ``column``) of every pending checkpoint, oldest first."""
+        return self.conn.execute(
+            select(t.checkpoints.c.checkpoint_id, column)
             .where(
                 t.checkpoints.c.pipeline_key == self.key,
                 t.checkpoints.c.state == CheckpointState.PENDING.value,
             )
             .order_by(t.checkpoints.c.checkpoint_id)
         ).all()
+
+    def pending(self) -> list[tuple[int, float]]:
+        """(id, triggered_at) of every pending checkpoint, oldest first."""
+        rows = self._pending_with(t.checkpoints.c.triggered_at)
         return [(int(cid), float(at)) for cid, at in rows]
 
     def pending_ids(self) -> list[int]:
@@ -235,14 +239,7 @@ class StoreReader:
 
     def pending_kinds(self) -> list[tuple[int, CheckpointKind]]:
         """(id, kind) of every pending checkpoint, oldest first."""
-        rows = self.conn.execute(
-            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.kind)
-            .where(
-                t.checkpoints.c.pipeline_key == self.key,
-                t.checkpoints.c.state == CheckpointState.PENDING.value,
-            )
-            .order_by(t.checkpoints.c.checkpoint_id)
-        ).all()
+        rows = self._pending_with(t.checkpoints.c.kind)
         return [(int(cid), CheckpointKind(kind)) for cid, kind in rows]
 
     def awaiting(self, stage_id: str) -> list[int]:

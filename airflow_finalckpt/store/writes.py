@@ -62,16 +62,12 @@ class StoreWriter(StoreReader):
 
     def write_graph(self, graph: StageGraph, opts: CoordinatorOptions, now: float) -> None:
         """Store ``graph`` and options; drop stages it no longer has, add its new ones."""
-        self.conn.execute(
-            update(t.pipelines)
-            .where(t.pipelines.c.pipeline_key == self.key)
-            .values(
-                graph=graph.to_dict(),
-                fingerprint=graph.fingerprint,
-                retain_checkpoints=opts.retain_checkpoints,
-                checkpoint_timeout_s=opts.checkpoint_timeout_s,
-                updated_at=now,
-            )
+        self._update_pipeline(
+            graph=graph.to_dict(),
+            fingerprint=graph.fingerprint,
+            retain_checkpoints=opts.retain_checkpoints,
+            checkpoint_timeout_s=opts.checkpoint_timeout_s,
+            updated_at=now,
         )
         # Only stages the check allowed to go are still here: not started, or dropped on purpose.
         self.conn.execute(
@@ -97,19 +93,16 @@ class StoreWriter(StoreReader):
     def allocate_id(self, now: float) -> int:
         """Take the next checkpoint id."""
         checkpoint_id = self.next_checkpoint_id()
-        self.conn.execute(
-            update(t.pipelines)
-            .where(t.pipelines.c.pipeline_key == self.key)
-            .values(next_checkpoint_id=checkpoint_id + 1, updated_at=now)
-        )
+        self._update_pipeline(next_checkpoint_id=checkpoint_id + 1, updated_at=now)
         return checkpoint_id
 
     def mark_restored(self, source: str, next_id: int, now: float) -> None:
         """Record the restore source and move the id counter past the restored checkpoint."""
+        self._update_pipeline(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
+
+    def _update_pipeline(self, **values: Any) -> None:
         self.conn.execute(
-            update(t.pipelines)
-            .where(t.pipelines.c.pipeline_key == self.key)
-            .values(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
+            update(t.pipelines).where(t.pipelines.c.pipeline_key == self.key).values(**values)
         )
 
     @property
