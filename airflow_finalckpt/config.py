@@ -238,7 +238,7 @@ def parse_storage_uri(raw: Any) -> str:
 
 
 def parse_storage_options(raw: Any) -> dict[str, Any]:
-    """fsspec storage options: a mapping, or a JSON object when given as text."""
+    """Fsspec storage options: a mapping, or a JSON object when given as text."""
     if isinstance(raw, Mapping):
         return dict(raw)
     if not isinstance(raw, str):
@@ -437,7 +437,8 @@ PARSERS: dict[str, Parser] = {
 
 def _default(name: str) -> str:
     """The provider's default of ``name`` (``provider_info.CONFIG_OPTIONS``), expanded as
-    Airflow expands it; parsed like any other source."""
+    Airflow expands it; parsed like any other source.
+    """
     return expand_default(SETTING_DEFAULTS[name], airflow_home().rstrip("/") or "/")
 
 

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 def dataset_name(asset_uri: str) -> tuple[str, str]:
     """(namespace, name) of a sink's Asset URI in OpenLineage's naming: ``file`` + path,
     ``s3://bucket`` + key, ``postgres://host:port`` + ``db.schema.table``,
-    ``iceberg://catalog`` + ``namespace.table``."""
+    ``iceberg://catalog`` + ``namespace.table``.
+    """
     parts = urlsplit(asset_uri)
     path = parts.path.strip("/")
     if parts.scheme == "file":
@@ -67,7 +68,8 @@ def sink_fields(sink: TwoPhaseCommitSink) -> list[tuple[str, str]]:
 def _delta_fields(sink: Any) -> list[tuple[str, str]]:
     """The Delta table's schema from its log (JSON commits, newest metaData wins), not through
     deltalake: the provider emits from a forked process by default, where deltalake's tokio
-    runtime panics."""
+    runtime panics.
+    """
     import json
 
     import fsspec

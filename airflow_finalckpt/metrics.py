@@ -63,7 +63,8 @@ def _configure_stats() -> None:
     """Configure the Task SDK's stats from ``[metrics]`` where no Airflow code did: the task
     runner does before a task runs, but the triggerer's trigger-runner process (where the
     final-checkpoint trigger may complete checkpoints) and ``dag.test()`` do not, and their
-    metrics would silently go nowhere. A backend set up by Airflow (or a test) is kept."""
+    metrics would silently go nowhere. A backend set up by Airflow (or a test) is kept.
+    """
     global _configured
     if _configured:
         return

@@ -106,7 +106,8 @@ _RECORD_CACHE: dict[str, dict[str, str]] = {}
 
 def recorded_statuses(info: CheckpointInfo) -> dict[str, str]:
     """Every stage's status as the checkpoint recorded it: from its ``_metadata`` (where the
-    acknowledgements refined RUNNING into PARTIALLY_FINISHED), else from its plan."""
+    acknowledgements refined RUNNING into PARTIALLY_FINISHED), else from its plan.
+    """
     path = info.metadata_path
     if path is not None:
         if path not in _RECORD_CACHE:
@@ -124,7 +125,8 @@ def _stage_checkpoint(
     view: StageView, latest: CheckpointInfo | None, statuses: Mapping[str, str]
 ) -> dict[str, Any] | None:
     """Where the stage stands in the checkpoints: closed on one, waiting for its final one, or
-    its status in the latest completed checkpoint."""
+    its status in the latest completed checkpoint.
+    """
     if view.lifecycle is StageLifecycle.CLOSED and view.closed_checkpoint_id is not None:
         return {"checkpoint_id": view.closed_checkpoint_id, "status": "CLOSED_ON"}
     if view.lifecycle is StageLifecycle.FINISHED and view.finish_threshold is not None:
@@ -136,7 +138,8 @@ def _stage_checkpoint(
 
 def _settled(views: Mapping[str, StageView], stop: StopRequest | None) -> bool:
     """Every stage CLOSED or SUSPENDED; after a completed stop with savepoint, stages that never
-    started stay NOT_STARTED until a resume, so they count as settled too."""
+    started stay NOT_STARTED until a resume, so they count as settled too.
+    """
     settled = set(SETTLED)
     if stop is not None and stop.mode is StopMode.SAVEPOINT and stop.state is StopState.COMPLETED:
         settled.add(StageLifecycle.NOT_STARTED)
@@ -167,7 +170,8 @@ def _batch_text(stage: Mapping[str, Any]) -> str:
 def _storage_or_none() -> CheckpointStorage | None:
     """The checkpoint storage from the two settings it needs (not every setting: the command
     stays quick); None when they cannot be read (progress still shows splits, without batch
-    throughput)."""
+    throughput).
+    """
     from airflow_finalckpt.config import resolve_setting
 
     try:
@@ -182,7 +186,8 @@ def progress_document(
     coordinator: Coordinator, storage: CheckpointStorage | None = None
 ) -> dict[str, Any]:
     """The ``progress --json`` document; raises UnknownPipelineError for an unknown key.
-    With ``storage``, each stage also shows its latest split batch and throughput."""
+    With ``storage``, each stage also shows its latest split batch and throughput.
+    """
     graph = coordinator.graph()
     views = coordinator.stages()
     history = coordinator.checkpoints(limit=50)
@@ -370,7 +375,8 @@ def _watch(
     storage: CheckpointStorage | None = None,
 ) -> dict[str, Any]:
     """Poll until done. On a terminal: one live display; piped: a snapshot per change; with
-    --json: silent (the caller prints the final document)."""
+    --json: silent (the caller prints the final document).
+    """
     console = _console()
 
     def poll() -> dict[str, Any]:

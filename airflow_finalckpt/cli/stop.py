@@ -212,7 +212,8 @@ def restore(
 
 def _dag_graph(dag_id: str) -> StageGraph | None:
     """The DAG's stage graph as Airflow last parsed it; None if no local Airflow is usable
-    (the stage tasks still check the graph before they write anything)."""
+    (the stage tasks still check the graph before they write anything).
+    """
     from airflow_finalckpt.control.dags import AirflowUnavailableError, load_dag_graph
 
     try:

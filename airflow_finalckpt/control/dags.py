@@ -1,6 +1,7 @@
 """The pipeline graph of a DAG as Airflow last parsed it, for the checks that run outside a
 stage task (``finalckpt restore --dry-run``, the REST and UI restore): the api-server and the
-CLI do not parse DAG files, they read Airflow's serialized DAG."""
+CLI do not parse DAG files, they read Airflow's serialized DAG.
+"""
 
 from __future__ import annotations
 

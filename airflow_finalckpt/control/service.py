@@ -151,7 +151,8 @@ STAGE_TASK_TYPE = "FinalCheckpointStageOperator"
 def dag_stage_graph(tasks: Iterable[Any]) -> StageGraph:
     """The pipeline graph of a DAG from its tasks (live operators or Airflow's serialized ones):
     the stage tasks, the edges between them, their stage ids. The operator serializes its
-    ``stage_id``; a DAG serialized before it did falls back to the task id."""
+    ``stage_id``; a DAG serialized before it did falls back to the task id.
+    """
     stages: dict[str, str] = {}
     upstream: dict[str, Collection[str]] = {}
     for task in tasks:
@@ -172,7 +173,8 @@ def dag_stage_graph(tasks: Iterable[Any]) -> StageGraph:
 
 class RestoreCheck(_Model):
     """What a restore of a savepoint into a DAG will do, computed by the same functions the
-    stage tasks run before they write anything (``Coordinator.start_pipeline``)."""
+    stage tasks run before they write anything (``Coordinator.start_pipeline``).
+    """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
@@ -395,7 +397,8 @@ class PipelineControl:
 
     def drain_note(self, dag_id: str, run_id: str) -> str | None:
         """The DAG run note of a drained run: who drained it, the final savepoint and how much
-        input was left unread; None if the run was not drained."""
+        input was left unread; None if the run was not drained.
+        """
         try:
             key = self.resolve(dag_id, run_id)
         except UnknownRunError:
@@ -422,7 +425,8 @@ class PipelineControl:
         self, dag_id: str, run_id: str, mode: StopMode, requested_by: str | None = None
     ) -> StopSummary:
         """Stop with drain or with a savepoint. StopRequestError if the run already finished,
-        is already stopping, is suspended or was drained."""
+        is already stopping, is suspended or was drained.
+        """
         coordinator = self.coordinator(self.resolve(dag_id, run_id))
         stop = coordinator.request_stop(StopMode(mode), requested_by=requested_by)
         summary = self._stop_summary(coordinator, stop)
@@ -431,7 +435,8 @@ class PipelineControl:
 
     def resume(self, dag_id: str, run_id: str, requested_by: str | None = None) -> StopSummary:
         """Resume a run suspended at a savepoint (in the same DAG run). A drained run is
-        refused with DrainedSavepointError."""
+        refused with DrainedSavepointError.
+        """
         coordinator = self.coordinator(self.resolve(dag_id, run_id))
         stop = coordinator.resume(requested_by=requested_by)
         summary = self._stop_summary(coordinator, stop)
@@ -512,7 +517,8 @@ class PipelineControl:
         """Vet a savepoint (:meth:`check_restore`), then, with the DAG's graph from
         ``load_graph(dag_id)`` (None: not available here), plan the restore exactly as the
         stage tasks will: IllegalGraphChangeError (naming the stage and the rule) for a change
-        they would refuse. The savepoint is read once; nothing is written."""
+        they would refuse. The savepoint is read once; nothing is written.
+        """
         drop = list(parse_allow_drop_stages(list(allow_drop_stages)))  # the tasks' own parsing
         record = self.check_restore(dag_id, savepoint_path)
         graph = load_graph(dag_id)

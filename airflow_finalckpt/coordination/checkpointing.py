@@ -1,7 +1,8 @@
 """The checkpoint steps the coordinator's transitions share (trigger, acknowledge, complete,
 abort, expire, retention): each reads rows through the locked transition, asks the pure rules
 of ``core.transitions`` and writes the outcome. After-commit work (metrics, discarding files)
-is queued on the transition, never run inside it."""
+is queued on the transition, never run inside it.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class Checkpointing:
 
     def shape(self, tx: Tx) -> StageGraph:
         """The graph's shape, parsed once per fingerprint: the fingerprint hashes exactly that
-        shape, so a cached graph with the same fingerprint plans the same checkpoints."""
+        shape, so a cached graph with the same fingerprint plans the same checkpoints.
+        """
         fingerprint = tx.rows.fingerprint
         cached = self._shape_cache
         if cached is None or cached[0] != fingerprint:
@@ -89,7 +91,8 @@ class Checkpointing:
 
     def trigger_for_stop(self, tx: Tx, request_id: int, kind: CheckpointKind) -> int:
         """A stop's savepoint: its id is set on the stop before the trigger, so a completion
-        within the trigger finds the stop."""
+        within the trigger finds the stop.
+        """
         next_id = tx.rows.next_checkpoint_id()
         tx.rows.update_stop(request_id, savepoint_id=next_id)
         if stop_rules.completed_at_once(tx.rows.checkpoint_state(next_id)):

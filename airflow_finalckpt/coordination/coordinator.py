@@ -115,7 +115,8 @@ class Coordinator(CoordinatorReads):
 
     def register(self, graph: StageGraph, options: CoordinatorOptions | None = None) -> None:
         """Create the pipeline (idempotent) or move it to a changed graph, refusing (before any
-        write) a change that would lose progress: see :meth:`start_pipeline`."""
+        write) a change that would lose progress: see :meth:`start_pipeline`.
+        """
         self.start_pipeline(graph, options=options)
 
     def start_pipeline(
@@ -171,14 +172,16 @@ class Coordinator(CoordinatorReads):
 
     def _materialize(self, record: CheckpointRecord, source: str) -> None:
         """Copy the files a self-contained savepoint holds into this pipeline's directory
-        where they are missing (a savepoint directory copied alone to another cluster)."""
+        where they are missing (a savepoint directory copied alone to another cluster).
+        """
         materialize = getattr(self.writer, "materialize", None)
         if materialize is not None:
             materialize(record, source)
 
     def link_dag_run(self, dag_id: str, run_id: str) -> None:
         """Record that an Airflow DAG run works on this pipeline (idempotent). A DAG run belongs
-        to one pipeline: linking it to another one is refused."""
+        to one pipeline: linking it to another one is refused.
+        """
         self.store.link_dag_run(dag_id, run_id, self.clock())
 
     # ------------------------------------------------------------------ stage attempts
@@ -208,7 +211,8 @@ class Coordinator(CoordinatorReads):
         kind: CheckpointKind = CheckpointKind.CHECKPOINT,
     ) -> int | None:
         """Trigger a checkpoint; None if none is due (periodic while one is pending, or the
-        run is stopping with a savepoint / suspended / drained)."""
+        run is stopping with a savepoint / suspended / drained).
+        """
         with self._transition() as tx:
             self._ops.expire(tx)
             stop = tx.rows.latest_stop()
@@ -246,7 +250,8 @@ class Coordinator(CoordinatorReads):
         watermark: int | None = None,
     ) -> BatchOutcome:
         """A split-batch boundary: make the batch's progress durable and answer every pending
-        checkpoint that waits for this stage, in one transition."""
+        checkpoint that waits for this stage, in one transition.
+        """
         with self._transition() as tx:
             row = tx.rows.stage_row(stage_id)
             stage_rules.fence(row, epoch)
@@ -304,7 +309,8 @@ class Coordinator(CoordinatorReads):
 
     def finish(self, stage_id: str, epoch: int, snapshot: StageSnapshot) -> FinishOutcome:
         """endInput() + finish(): record the final snapshot, acknowledge checkpoints waiting for
-        the stage with it, and trigger the eager final checkpoint. Idempotent per attempt."""
+        the stage with it, and trigger the eager final checkpoint. Idempotent per attempt.
+        """
         with self._transition() as tx:
             row = tx.rows.stage_row(stage_id)
             stage_rules.fence(row, epoch)
@@ -345,7 +351,8 @@ class Coordinator(CoordinatorReads):
     def _final_checkpoint_work(self, rows: StoreReader, stage_id: str, *, expire: bool) -> bool:
         """Does ``ensure_final_checkpoint`` have anything to do: (``expire``) a pending
         checkpoint to time out, or a FINISHED stage without a checkpoint in flight or completed
-        that can close it (and no stop with savepoint it must wait for)?"""
+        that can close it (and no stop with savepoint it must wait for)?
+        """
         if expire and timed_out(rows.pending(), self.clock(), rows.checkpoint_timeout()):
             return True
         lifecycle, threshold = rows.stage_finish_state(stage_id)
@@ -376,7 +383,8 @@ class Coordinator(CoordinatorReads):
 
     def close(self, stage_id: str, epoch: int, checkpoint_id: int) -> list[SinkTransaction]:
         """close(): the stage's transactions up to ``checkpoint_id`` are committed; later ones
-        are aborted (returned, so the caller aborts them in the sink); the stage is CLOSED."""
+        are aborted (returned, so the caller aborts them in the sink); the stage is CLOSED.
+        """
         with self._transition() as tx:
             row = tx.rows.stage_row(stage_id)
             stage_rules.fence(row, epoch)
@@ -433,7 +441,8 @@ class Coordinator(CoordinatorReads):
 
     def request_stop(self, mode: StopMode, requested_by: str | None = None) -> StopRequest:
         """Stop with drain (finish everything, final drained savepoint) or with a savepoint
-        (suspend without finishing). Refused while another stop runs or after the run ended."""
+        (suspend without finishing). Refused while another stop runs or after the run ended.
+        """
         with self._transition() as tx:
             self._ops.expire(tx)
             stop = tx.rows.latest_stop()

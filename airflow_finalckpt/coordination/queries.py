@@ -1,5 +1,6 @@
 """The coordinator's reads: what the runtime, the triggers, the CLI and the UI ask about a
-pipeline without changing it (plain read transactions, never the pipeline lock)."""
+pipeline without changing it (plain read transactions, never the pipeline lock).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class CoordinatorReads:
         """Whether the stage is CLOSED and its row was last changed before this DAG run joined
         the pipeline: its commit belongs to (and was announced by) an earlier DAG run, so this
         run only re-publishes its end_of_data. A stage closed within this DAG run (say by an
-        attempt killed before Airflow recorded its success) is not: its commit is still news."""
+        attempt killed before Airflow recorded its success) is not: its commit is still news.
+        """
         return self.store.closed_before_dag_run(stage_id, dag_id, run_id)
 
     def dag_runs(self) -> list[tuple[str, str]]:
@@ -39,7 +41,8 @@ class CoordinatorReads:
 
     def batch_boundary(self, stage_id: str, epoch: int) -> StopRequest | None:
         """One cheap read before each split batch: StaleEpochError if a newer attempt took the
-        stage over (a zombie stops before wasting Spark work), else the latest stop request."""
+        stage over (a zombie stops before wasting Spark work), else the latest stop request.
+        """
         with self.store.read() as rows:
             stage_rules.fence(rows.stage_row(stage_id), epoch)
             return rows.latest_stop()
@@ -81,13 +84,15 @@ class CoordinatorReads:
     def waiting_snapshot(self) -> PipelineSnapshot:
         """Everything waiting stages decide on, in one read transaction of four statements
         whatever the number of stages (a consistent snapshot: REPEATABLE READ on PostgreSQL,
-        SQLite's read transaction). UnknownPipelineError if the pipeline is not registered."""
+        SQLite's read transaction). UnknownPipelineError if the pipeline is not registered.
+        """
         with self.store.read(repeatable=True) as rows:
             return rows.waiting_snapshot()
 
     def pending_ack_snapshots(self) -> list[tuple[int, str, bool, StageSnapshot]]:
         """(checkpoint id, stage id, by finish, snapshot) of every acknowledgement of a pending
-        checkpoint (garbage collection keeps what they reference)."""
+        checkpoint (garbage collection keeps what they reference).
+        """
         with self.store.read() as rows:
             return [
                 (cid, ack.stage_id, ack.by_finish, ack.snapshot)

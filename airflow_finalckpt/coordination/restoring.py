@@ -1,6 +1,7 @@
 """Starting a pipeline on a graph and restoring it from a checkpoint, inside the locked
 transition: the checks of ``core.restore`` first (nothing written if one refuses), then the
-rows."""
+rows.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def check_start(
     allow_drop_stages: Collection[str],
 ) -> tuple[RestorePlan | None, GraphChange | None]:
     """Before anything is written: the restore plan of a ``record`` not yet restored from
-    ``source``, else the checked change from a stored graph with another fingerprint."""
+    ``source``, else the checked change from a stored graph with another fingerprint.
+    """
     key = tx.rows.key
     if record is not None and tx.rows.restored_source != source:
         plan = plan_restore(record, graph, pipeline_key=key, allow_drop_stages=allow_drop_stages)
@@ -66,7 +68,8 @@ def apply_restore(
     now: float,
 ) -> None:
     """Reset every stage to ``record``: pending checkpoints aborted, the stop resumed, the
-    checkpoint imported if unknown, the id counter moved past it."""
+    checkpoint imported if unknown, the id counter moved past it.
+    """
     checkpoint_id = record.checkpoint_id
     for cid in tx.rows.pending_ids():
         ops.abort(tx, cid, CheckpointFailureReason.RESTORED, failure.restored(source))

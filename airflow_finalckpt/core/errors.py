@@ -128,7 +128,8 @@ PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
 
 def is_permanent(exc: BaseException) -> bool:
     """Whether ``exc`` fails the same way on every retry (bad restore path, illegal graph
-    change, drained savepoint, bad DAG or stage definition): the task should fail at once."""
+    change, drained savepoint, bad DAG or stage definition): the task should fail at once.
+    """
     return isinstance(exc, PERMANENT_ERRORS)
 
 

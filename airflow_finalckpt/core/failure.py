@@ -1,5 +1,6 @@
 """Why a checkpoint was aborted (Flink's CheckpointFailureReason): a closed set of causes, stored
-next to the free-text detail so the CLI, REST and UI can group and filter aborts."""
+next to the free-text detail so the CLI, REST and UI can group and filter aborts.
+"""
 
 from __future__ import annotations
 

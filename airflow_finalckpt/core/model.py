@@ -84,7 +84,8 @@ class StopMode(StrEnum):
 
 class StopState(StrEnum):
     """REQUESTED: in progress. COMPLETED: savepoint taken (suspended, or drained). FAILED: the
-    savepoint was aborted and the run keeps running. RESUMED: a suspended run continued."""
+    savepoint was aborted and the run keeps running. RESUMED: a suspended run continued.
+    """
 
     REQUESTED = "REQUESTED"
     COMPLETED = "COMPLETED"

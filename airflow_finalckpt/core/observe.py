@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 class CheckpointAcknowledged:
     """A stage acknowledged a pending checkpoint (at a batch boundary, explicitly or by its
     finish); ``lag_s``: from the checkpoint's trigger to this acknowledgement; ``last``: it was
-    the acknowledgement the checkpoint still waited for."""
+    the acknowledgement the checkpoint still waited for.
+    """
 
     pipeline_key: str
     checkpoint_id: int
@@ -35,7 +36,8 @@ class CheckpointAcknowledged:
 class CheckpointCompleted:
     """A checkpoint or savepoint completed: ``duration_s`` from trigger to completion (its
     ``_metadata`` durably written), ``metadata_bytes`` the size of that file (None without
-    checkpoint storage), ``state_bytes`` the state and staged output files it references."""
+    checkpoint storage), ``state_bytes`` the state and staged output files it references.
+    """
 
     pipeline_key: str
     checkpoint_id: int

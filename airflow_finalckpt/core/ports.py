@@ -1,6 +1,7 @@
 """The coordinator as the runtime, the triggers and garbage collection use it: a protocol, so
 they depend on what they call and not on the SQL-backed ``coordination.Coordinator`` (a fault
-harness or a test wraps or fakes it)."""
+harness or a test wraps or fakes it).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from airflow_finalckpt.core.views import (
 
 class CoordinatorPort(Protocol):
     """What a stage attempt, a waiting trigger and the garbage collector ask of a pipeline's
-    coordinator (every method is one transition or one read of ``Coordinator``)."""
+    coordinator (every method is one transition or one read of ``Coordinator``).
+    """
 
     @property
     def pipeline_key(self) -> str:

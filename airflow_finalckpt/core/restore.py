@@ -252,7 +252,8 @@ def find_violations(
 ) -> list[GraphChangeViolation]:
     """Every rule ``graph`` breaks against the ``old`` graph and its stages' ``statuses`` (a
     stage without a status had not started), in a deterministic order. ``where`` names the
-    progress in messages ("checkpoint 7", "the stored progress of pipeline 'k'")."""
+    progress in messages ("checkpoint 7", "the stored progress of pipeline 'k'").
+    """
     status = _status_of(statuses)
     return [
         *_removed_and_rekeyed(
@@ -376,7 +377,8 @@ def _upstream_violations(
 class GraphChange:
     """What a ``pipeline_key`` continuation (or a retry of a changed DAG) does to the stored
     progress: ``kept`` stages keep it, ``fresh`` ones are new, ``dropped`` ones lose it (named
-    in ``allow_drop_stages``), ``forgotten`` ones were removed before they started."""
+    in ``allow_drop_stages``), ``forgotten`` ones were removed before they started.
+    """
 
     statuses: Mapping[str, StageStatus]
     kept: tuple[str, ...]
@@ -408,7 +410,8 @@ def plan_graph_change(
     allow_drop_stages: Collection[str] = (),
 ) -> GraphChange:
     """Check a continuation of ``old``'s stored ``progress`` into ``graph`` with the same rules
-    as a restore; IllegalGraphChangeError (naming the stage and the rule) if it breaks one."""
+    as a restore; IllegalGraphChangeError (naming the stage and the rule) if it breaks one.
+    """
     statuses = stored_statuses(progress)
     raise_violations(
         find_violations(
@@ -523,7 +526,8 @@ def plan_restore(
 def plan_document(plan: RestorePlan) -> dict[str, object]:
     """The restore plan as data (``finalckpt restore --dry-run --json``, the REST answer): per
     stage what runs, the splits already done (the rest is redone), the state and transactions
-    mapped onto it; the checkpointed stages whose progress is dropped."""
+    mapped onto it; the checkpointed stages whose progress is dropped.
+    """
     stages = []
     for sid, stage in plan.stages.items():
         stages.append(
@@ -566,7 +570,8 @@ ALLOW_DROP_STAGES_KEY = "allow_drop_stages"
 
 def parse_allow_drop_stages(value: object) -> tuple[str, ...]:
     """The ``allow_drop_stages`` conf value: a list of stage ids (a single id is accepted);
-    anything else is an InvalidRunConfError, never a silent "drop nothing" or "drop all"."""
+    anything else is an InvalidRunConfError, never a silent "drop nothing" or "drop all".
+    """
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value

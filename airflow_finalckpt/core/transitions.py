@@ -37,7 +37,8 @@ from airflow_finalckpt.core.views import (
 
 def may_trigger(reason: TriggerReason, stop: StopRequest | None, has_pending: bool) -> bool:
     """No checkpoint while a run is suspended, drained or stopping with a savepoint; no
-    periodic one while another is pending."""
+    periodic one while another is pending.
+    """
     if stop is not None and (stop.state is StopState.COMPLETED or savepoint_in_progress(stop)):
         return False
     return not (reason is TriggerReason.PERIODIC and has_pending)
@@ -58,7 +59,8 @@ def live_progress(graph: StageGraph, rows: Mapping[str, StageRow]) -> dict[str, 
 
 def covered_on_trigger(plan: CheckpointPlan, rows: Mapping[str, StageRow]) -> list[str]:
     """Finished, unclosed stages a new checkpoint covers as FULLY_FINISHED: their not yet
-    covered transactions become committable once it completes."""
+    covered transactions become committable once it completes.
+    """
     return [sid for sid in plan.fully_finished if rows[sid].lifecycle is StageLifecycle.FINISHED]
 
 
@@ -66,7 +68,8 @@ def ack_gate(
     checkpoint_id: int, stage_id: str, state: CheckpointState, to_ack: Sequence[str]
 ) -> AckOutcome | None:
     """NOT_PENDING for a checkpoint no longer pending; IllegalTransitionError for one that
-    does not wait for the stage; None: go on."""
+    does not wait for the stage; None: go on.
+    """
     if state is not CheckpointState.PENDING:
         return AckOutcome.NOT_PENDING
     if stage_id not in to_ack:
@@ -79,7 +82,8 @@ def ack_gate(
 
 def stamps_on_ack(checkpoint_id: int, newest_acked: int | None) -> bool:
     """An acknowledgement covers the stage's new transactions unless the stage already acked
-    a newer checkpoint (out of order): that newer snapshot does not hold them."""
+    a newer checkpoint (out of order): that newer snapshot does not hold them.
+    """
     return newest_acked is None or newest_acked < checkpoint_id
 
 
@@ -92,7 +96,8 @@ def merge_progress(
     current: StageSnapshot, delta: StageSnapshot, *, replace_state: bool = True
 ) -> StageSnapshot:
     """Durable progress after a batch or snapshot: splits add up, the watermark only rises,
-    the state is replaced (unless ``replace_state`` is False)."""
+    the state is replaced (unless ``replace_state`` is False).
+    """
     watermarks = [w for w in (current.watermark, delta.watermark) if w is not None]
     return StageSnapshot(
         finished_splits=current.finished_splits | delta.finished_splits,
@@ -104,7 +109,8 @@ def merge_progress(
 
 def needs_transactions(plan: CheckpointPlan, acks: Mapping[str, AckRow]) -> list[str]:
     """Stages recorded from their final snapshot (FULLY_FINISHED without an acknowledgement):
-    their uncommitted transactions must be read to complete the checkpoint."""
+    their uncommitted transactions must be read to complete the checkpoint.
+    """
     return [
         sid
         for sid, status in plan.statuses.items()
@@ -153,7 +159,8 @@ def build_record(
     now: float,
 ) -> CheckpointRecord:
     """The ``_metadata`` of a fully acknowledged checkpoint: acknowledged stages as they
-    answered, finished ones from their final snapshot, the others from their progress."""
+    answered, finished ones from their final snapshot, the others from their progress.
+    """
     stages: dict[str, StageCheckpointRecord] = {}
     for sid, status in checkpoint.plan.statuses.items():
         ack = acks.get(sid)
@@ -180,7 +187,8 @@ def build_record(
 
 def subsumed_by(checkpoint_id: int, pending: Iterable[tuple[int, CheckpointKind]]) -> list[int]:
     """Older pending checkpoints a completed one makes obsolete (savepoints are never
-    subsumed)."""
+    subsumed).
+    """
     return [
         cid for cid, kind in pending if cid < checkpoint_id and kind is CheckpointKind.CHECKPOINT
     ]
@@ -190,13 +198,15 @@ def beyond_retention(
     completed: Sequence[tuple[int, str | None]], retain: int
 ) -> Sequence[tuple[int, str | None]]:
     """Completed checkpoints (newest first) that retention discards: all but the newest
-    ``retain``."""
+    ``retain``.
+    """
     return completed[retain:]
 
 
 def stop_settled_by(stop: StopRequest | None, checkpoint_id: int) -> StopRequest | None:
     """The stop in progress whose savepoint is ``checkpoint_id``: it completes when that
-    checkpoint completes and fails when it is aborted."""
+    checkpoint completes and fails when it is aborted.
+    """
     if (
         stop is not None
         and stop.state is StopState.REQUESTED

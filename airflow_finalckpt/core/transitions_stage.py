@@ -1,6 +1,7 @@
 """The stage rules of the coordinator as pure functions over plain values: fencing, a new
 attempt's lifecycle, recording a batch, finishing, closing, committing, resetting, restoring.
-Each takes the rows the store read and returns the change to write (or raises the refusal)."""
+Each takes the rows the store read and returns the change to write (or raises the refusal).
+"""
 
 from __future__ import annotations
 
@@ -35,14 +36,16 @@ def fence(row: StageRow, epoch: int) -> None:
 
 def starts_work(lifecycle: StageLifecycle) -> bool:
     """A new attempt of a NOT_STARTED or SUSPENDED stage starts work (RUNNING or SUSPENDED);
-    one of a RUNNING or finished stage keeps its lifecycle."""
+    one of a RUNNING or finished stage keeps its lifecycle.
+    """
     return lifecycle in (StageLifecycle.NOT_STARTED, StageLifecycle.SUSPENDED)
 
 
 def attempt_lifecycle(lifecycle: StageLifecycle, *, suspended: bool) -> StageLifecycle:
     """A new attempt's lifecycle: a finished stage stays finished; while a stop with savepoint
     is in progress or done (``suspended``: and no pending checkpoint awaits the stage) a stage
-    that has not started work begins SUSPENDED, else RUNNING."""
+    that has not started work begins SUSPENDED, else RUNNING.
+    """
     if not starts_work(lifecycle):
         return lifecycle
     return StageLifecycle.SUSPENDED if suspended else StageLifecycle.RUNNING
@@ -69,7 +72,8 @@ def record_batch(row: StageRow, delta: StageSnapshot, *, replace_state: bool) ->
 
 def already_finished(row: StageRow) -> FinishOutcome | None:
     """finish() is idempotent: a finished stage answers with its recorded outcome; a stage
-    that is not RUNNING cannot finish; None: finish it now."""
+    that is not RUNNING cannot finish; None: finish it now.
+    """
     if row.lifecycle.is_finished:
         final = row.final_snapshot
         assert final is not None and final.end_of_data is not None
@@ -84,7 +88,8 @@ def already_finished(row: StageRow) -> FinishOutcome | None:
 
 def finish(row: StageRow, snapshot: StageSnapshot, threshold: int) -> tuple[StageChange, EndOfData]:
     """FINISHED with its final snapshot; ``threshold`` (the next checkpoint id) is the first
-    checkpoint it may close on, carried in its end_of_data."""
+    checkpoint it may close on, carried in its end_of_data.
+    """
     eod = (snapshot.end_of_data or EndOfData()).model_copy(
         update={"finished_at_checkpoint": threshold}
     )
@@ -114,7 +119,8 @@ def committable(
 
 def may_commit(txn: TxnRow, latest_completed: int | None) -> bool:
     """False if already committed; refused if aborted or not covered by a completed checkpoint
-    (committing it could duplicate data after a restore)."""
+    (committing it could duplicate data after a restore).
+    """
     sink_id, txn_id, covered = txn.txn.sink_id, txn.txn.txn_id, txn.txn.checkpoint_id
     if txn.state == TransactionState.COMMITTED.value:
         return False
@@ -132,7 +138,8 @@ def may_commit(txn: TxnRow, latest_completed: int | None) -> bool:
 
 def close_gate(row: StageRow, stop: StopRequest | None) -> bool:
     """False: already CLOSED (nothing to do); refused unless FINISHED and no savepoint is in
-    progress (the stage waits for that savepoint)."""
+    progress (the stage waits for that savepoint).
+    """
     if row.lifecycle is StageLifecycle.CLOSED:
         return False
     if row.lifecycle is not StageLifecycle.FINISHED:
@@ -155,7 +162,8 @@ def close(
     uncommitted: Sequence[SinkTransaction],
 ) -> StageChange:
     """CLOSED on a completed checkpoint >= its finish threshold once every transaction it
-    covers is committed; the remaining (later) ones are the caller's to abort."""
+    covers is committed; the remaining (later) ones are the caller's to abort.
+    """
     if not completed or checkpoint_id < int(row.finish_threshold or 0):
         raise IllegalTransitionError(
             f"stage {row.stage_id!r} cannot close on checkpoint {checkpoint_id}: it needs a "
@@ -187,7 +195,8 @@ def reset(row: StageRow) -> StageChange:
 
 def suspend(row: StageRow, stop: StopRequest | None) -> StageChange | None:
     """A running stage stops at a batch boundary for a savepoint (refused without one in
-    progress); None: nothing to write (not RUNNING)."""
+    progress); None: nothing to write (not RUNNING).
+    """
     if not suspends(stop):
         raise IllegalTransitionError(
             f"stage {row.stage_id!r} cannot suspend: no stop-with-savepoint is in progress"
@@ -207,7 +216,8 @@ def restore_aborts(
 
 def restore(row: StageRow, decision: StageRestore, checkpoint_id: int) -> StageChange:
     """A stage reset to a checkpoint: fully finished ones FINISHED and closable at once on
-    it, the others NOT_STARTED with their finished splits and state."""
+    it, the others NOT_STARTED with their finished splits and state.
+    """
     skip = decision.action is StageAction.SKIP
     snapshot = StageSnapshot(
         finished_splits=decision.finished_splits,

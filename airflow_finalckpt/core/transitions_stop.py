@@ -1,6 +1,7 @@
 """The stop-and-resume rules of the coordinator as pure functions over plain values: who may
 request a stop, which savepoint it triggers, what a finishing stage triggers meanwhile, when a
-suspended run may resume."""
+suspended run may resume.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def check_stop_request(
     pipeline_key: str, stop: StopRequest | None, lifecycles: Iterable[StageLifecycle]
 ) -> None:
     """A stop is refused while another runs, after a drain or at a savepoint not resumed, and
-    once every stage closed."""
+    once every stage closed.
+    """
     if stop is not None and stop.state is StopState.REQUESTED:
         raise StopRequestError(
             f"pipeline {pipeline_key!r} is already stopping ({stop.mode} requested)"
@@ -42,7 +44,8 @@ def check_stop_request(
 def stop_savepoint(mode: StopMode, lifecycles: Iterable[StageLifecycle]) -> CheckpointKind | None:
     """The savepoint a new stop triggers at once: a savepoint for a stop with savepoint, the
     drained savepoint for a drain whose stages all finished already (else it comes with the
-    last finish)."""
+    last finish).
+    """
     if mode is StopMode.SAVEPOINT:
         return CheckpointKind.SAVEPOINT
     if all(s.is_finished for s in lifecycles):
@@ -68,7 +71,8 @@ def eager_kind(
     """What a finishing stage (or a waiter replacing an aborted final checkpoint) triggers:
     nothing while suspended (it waits for that exact savepoint), the drained savepoint once a
     drain finished every stage, else an eager final checkpoint. ``lifecycles`` is read only
-    while draining."""
+    while draining.
+    """
     if suspends(stop):
         return None
     if draining(stop) and all(s.is_finished for s in lifecycles):
@@ -78,7 +82,8 @@ def eager_kind(
 
 def check_resume(pipeline_key: str, stop: StopRequest | None) -> StopRequest:
     """Only a run suspended at a completed savepoint resumes: not a drain, not a savepoint in
-    progress, not a run never stopped (or already resumed, or whose stop failed)."""
+    progress, not a run never stopped (or already resumed, or whose stop failed).
+    """
     if stop is None or stop.state in (StopState.FAILED, StopState.RESUMED):
         raise StopRequestError(f"pipeline {pipeline_key!r} is not suspended")
     if stop.mode is StopMode.DRAIN:
@@ -98,5 +103,6 @@ def check_resume(pipeline_key: str, stop: StopRequest | None) -> StopRequest:
 
 def resume_needs_checkpoint(lifecycles: Iterable[StageLifecycle]) -> bool:
     """Stages that finished during the stop waited for the savepoint: give them a checkpoint to
-    close on now."""
+    close on now.
+    """
     return any(s is StageLifecycle.FINISHED for s in lifecycles)

@@ -96,7 +96,8 @@ class BatchOutcome:
 @dataclass(frozen=True)
 class FinishOutcome:
     """``threshold``: the first checkpoint id triggered after finish; the stage closes on a
-    completed checkpoint >= it. ``eager_checkpoint_id``: the checkpoint finishing triggered."""
+    completed checkpoint >= it. ``eager_checkpoint_id``: the checkpoint finishing triggered.
+    """
 
     threshold: int
     eager_checkpoint_id: int | None
@@ -113,7 +114,8 @@ class CoordinatorOptions:
 class StartOutcome:
     """What :meth:`Coordinator.start_pipeline` did: ``restored`` is the restore plan it applied
     (None: no ``restore_from``, or already restored from it), ``change`` the checked graph
-    change of a continuation (None: the stored graph had the same fingerprint)."""
+    change of a continuation (None: the stored graph had the same fingerprint).
+    """
 
     restored: RestorePlan | None = None
     change: GraphChange | None = None
@@ -129,7 +131,8 @@ class StartOutcome:
 
 def suspends(stop: StopRequest | None) -> bool:
     """A stop with savepoint is in progress or completed (not resumed, not failed): no stage
-    may start work or finish, and finished stages wait for the resume."""
+    may start work or finish, and finished stages wait for the resume.
+    """
     return (
         stop is not None
         and stop.mode is StopMode.SAVEPOINT
@@ -157,7 +160,8 @@ def closable_on(
 ) -> int | None:
     """The checkpoint a stage may close on: its own once CLOSED; for a FINISHED stage the lowest
     completed one >= its finish threshold (``first_completed_id``), unless a savepoint is in
-    progress; None otherwise."""
+    progress; None otherwise.
+    """
     if lifecycle is StageLifecycle.CLOSED:
         return closed_checkpoint_id
     if lifecycle is not StageLifecycle.FINISHED or savepoint_in_progress(stop):
@@ -170,7 +174,8 @@ def needs_final_checkpoint(
 ) -> bool:
     """A FINISHED stage needs a new checkpoint when none in flight or done can close it
     (``has_candidate``: one >= its threshold is pending, completed or discarded) and no stop
-    with savepoint makes it wait for that savepoint."""
+    with savepoint makes it wait for that savepoint.
+    """
     return lifecycle is StageLifecycle.FINISHED and not suspends(stop) and not has_candidate
 
 
@@ -185,7 +190,8 @@ class WaitingStage:
     """One stage as its waiters see it (no progress JSON). ``first_completed_id``: the lowest
     completed checkpoint >= the finish threshold (what it may close on); ``first_candidate_id``:
     the lowest pending, completed or discarded one (a checkpoint in flight or done that can
-    close it)."""
+    close it).
+    """
 
     stage_id: str
     lifecycle: StageLifecycle
@@ -215,7 +221,8 @@ class PipelineSnapshot:
 
     def timed_out(self, now: float) -> list[int]:
         """Pending checkpoints older than the checkpoint timeout (``expire_timed_out`` aborts
-        them)."""
+        them).
+        """
         return timed_out(self.pending, now, self.checkpoint_timeout_s)
 
     def closable_checkpoint(self, stage_id: str) -> int | None:
@@ -230,7 +237,8 @@ class PipelineSnapshot:
     def final_checkpoint_work(self, stage_id: str, now: float) -> bool:
         """As ``Coordinator._final_checkpoint_work(expire=True)``: would
         ``ensure_final_checkpoint`` change anything (a timed-out checkpoint to abort, or a
-        finished stage without a candidate checkpoint and no savepoint to wait for)?"""
+        finished stage without a candidate checkpoint and no savepoint to wait for)?
+        """
         if self.timed_out(now):
             return True
         stage = self.stages.get(stage_id)
@@ -242,7 +250,8 @@ class PipelineSnapshot:
     def final_checkpoint_idle(self, stage_id: str, epoch: int | None, now: float) -> bool:
         """A finished stage waiting for its final checkpoint has nothing to do: the attempt is
         current, the stage FINISHED, nothing to close on and no write work for
-        ``ensure_final_checkpoint``."""
+        ``ensure_final_checkpoint``.
+        """
         stage = self.stages.get(stage_id)
         return (
             stage is not None
@@ -254,7 +263,8 @@ class PipelineSnapshot:
 
     def resume_idle(self, stage_id: str, epoch: int | None) -> bool:
         """A suspended stage keeps waiting: the attempt is current and a stop with savepoint is
-        still in progress or completed (not resumed, failed or a drain)."""
+        still in progress or completed (not resumed, failed or a drain).
+        """
         stage = self.stages.get(stage_id)
         return stage is not None and (epoch is None or stage.epoch == epoch) and suspends(self.stop)
 
@@ -272,7 +282,8 @@ def parse_snapshot(data: Mapping[str, Any] | None) -> StageSnapshot:
 @dataclass(frozen=True)
 class StageRow:
     """A stage's stored row as the transitions read it; its JSON is parsed on first use (a
-    fence check or a lifecycle test never pays for O(finished splits) of progress)."""
+    fence check or a lifecycle test never pays for O(finished splits) of progress).
+    """
 
     stage_id: str
     lifecycle: StageLifecycle

@@ -43,7 +43,8 @@ def _control() -> PipelineControl:
 
 def drop_note(conf: Any) -> str | None:
     """The note of a run whose conf drops stages' progress on purpose; None otherwise (also for
-    a malformed value: the stage tasks refuse that run with a one-line error)."""
+    a malformed value: the stage tasks refuse that run with a one-line error).
+    """
     from airflow_finalckpt.core.errors import InvalidRunConfError
     from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 

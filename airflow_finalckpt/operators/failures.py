@@ -18,7 +18,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def fail_permanent_errors(method: F) -> F:
     """Decorate an operator method: permanent errors become ``AirflowFailException`` with the
-    same message (the original error is chained); everything else propagates unchanged."""
+    same message (the original error is chained); everything else propagates unchanged.
+    """
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -64,7 +64,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
 @dataclass
 class StageRun:
     """What running an attempt produced: its result, its epoch, whether Spark was used, and
-    the closer that commits and closes the stage once its final checkpoint completed."""
+    the closer that commits and closes the stage once its final checkpoint completed.
+    """
 
     result: RunResult
     epoch: int | None
@@ -74,7 +75,8 @@ class StageRun:
 
 def coordinator_options(settings: Any) -> CoordinatorOptions:
     """The pipeline's retention and checkpoint timeout from ``[finalckpt]`` (every stage start
-    writes them, so a changed setting applies from the next stage on)."""
+    writes them, so a changed setting applies from the next stage on).
+    """
     return CoordinatorOptions(
         retain_checkpoints=int(settings.retain_checkpoints),
         checkpoint_timeout_s=float(settings.checkpoint_timeout_s),
@@ -95,7 +97,8 @@ def primary_splits(
     stage_id: str, primary_input: str | None, manifests: Mapping[str, list[str]]
 ) -> list[str]:
     """A stage without own splits reads its primary input's output parts (by default: its only
-    upstream stage's)."""
+    upstream stage's).
+    """
     primary = primary_input
     if primary is None:
         if len(manifests) != 1:
@@ -113,7 +116,8 @@ def primary_splits(
 
 def commit_extra(coordinator: CoordinatorPort, stage_id: str) -> dict[str, Any]:
     """The extra of a closed stage's Asset events: the pipeline, the checkpoint the stage
-    closed on and the rows its committed transactions wrote (per sink and in all)."""
+    closed on and the rows its committed transactions wrote (per sink and in all).
+    """
     view = coordinator.stage(stage_id)
     rows: dict[str, int] = {}
     for txn, state in coordinator.transactions(stage_id):
@@ -210,8 +214,10 @@ class FinalCheckpointStageOperator(BaseOperator):
     @classmethod
     def get_serialized_fields(cls) -> frozenset[str]:
         """``stage_id`` is serialized: the REST/CLI restore checks read the pipeline graph
-        from Airflow's serialized DAG (a renamed stage keeps its task id, not its stage id)."""
-        return frozenset(super().get_serialized_fields() | {"stage_id"})
+        from Airflow's serialized DAG (a renamed stage keeps its task id, not its stage id).
+        """
+        fields: frozenset[str] = super().get_serialized_fields()  # type: ignore[no-untyped-call]
+        return frozenset(fields | {"stage_id"})
 
     # ------------------------------------------------------------------ graph and settings
 
@@ -347,7 +353,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     ) -> StageRun:
         """Run this attempt's batches (or suspend, or skip a finished stage): in this process
         with a SparkSession from ``spark_master`` / the ``spark_conn_id`` connection (local,
-        client mode or Spark Connect), or in a driver submitted through ``spark-submit``."""
+        client mode or Spark Connect), or in a driver submitted through ``spark-submit``.
+        """
         target = self._spark_target()
         job = self._stage_job(key, settings, splits, manifests)
         code = StageCode(self._transform(), self.on_finish, tuple(self.sinks))
@@ -440,7 +447,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         self, event: Mapping[str, Any] | None, status: str, waiting_for: str
     ) -> Mapping[str, Any]:
         """The trigger's event if it has the expected status; anything else (error, timeout,
-        stale attempt) fails the task with the trigger's message."""
+        stale attempt) fails the task with the trigger's message.
+        """
         event = event or {}
         if event.get("status") != status:
             raise FinalCheckpointError(
@@ -468,7 +476,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         """Asset events mark committed data: one per commit, emitted by the success of the
         attempt that made it visible, never by a re-published end_of_data (a CLOSED stage in a
         continuation run would make Asset-scheduled DAGs run again on no new data). The event
-        extra names the pipeline, the checkpoint the stage closed on and the rows committed."""
+        extra names the pipeline, the checkpoint the stage closed on and the rows committed.
+        """
         if not self.outlets:
             return
         if getattr(self, "_republish", False):
@@ -522,7 +531,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     def _spark_session(self) -> SparkSession:
         """The in-process session: ``local[*]``, a cluster master (client mode) or, for an
         ``sc://`` URL, a Spark Connect session (static settings such as the UI are the
-        Connect server's, so only ``spark_conf`` is applied there)."""
+        Connect server's, so only ``spark_conf`` is applied there).
+        """
         from pyspark.sql import SparkSession  # pyspark: only when this task runs Spark
 
         target = self._spark_target()
@@ -568,7 +578,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     ) -> StageRun:
         """spark-submit the stage: the driver runs the runtime; this task reads its result
         (or reattaches to a driver a previous try submitted and that still runs: the
-        submission is remembered in the task state store, see ``spark.launch.resumable``)."""
+        submission is remembered in the task state store, see ``spark.launch.resumable``).
+        """
         launcher = SubmitLauncher(
             self._spark_target(),
             storage,
@@ -604,7 +615,8 @@ class FinalCheckpointStageOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Stop the Spark work of this attempt (its uncommitted batch is redone later): the
-        in-process session's jobs, or the submitted driver (through the hook's on_kill)."""
+        in-process session's jobs, or the submitted driver (through the hook's on_kill).
+        """
         launcher, self._launcher = getattr(self, "_launcher", None), None
         if launcher is not None:
             launcher.on_kill()
@@ -618,5 +630,6 @@ class FinalCheckpointStageOperator(BaseOperator):
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage (Airflow's provider calls it on success): sink tables with schema and
-        committed rows out, upstream stages' tables in."""
+        committed rows out, upstream stages' tables in.
+        """
         return stage_lineage(self, task_instance)

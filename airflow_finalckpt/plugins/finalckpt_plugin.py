@@ -27,7 +27,8 @@ URL_PREFIX = "/finalckpt"
 
 class _LazyFastAPIApps:
     """``fastapi_apps`` built when first read: FastAPI and the control service are imported
-    by the api-server only, never by schedulers, triggerers or workers."""
+    by the api-server only, never by schedulers, triggerers or workers.
+    """
 
     def __get__(self, obj: object, owner: type | None = None) -> list[dict[str, Any]]:
         from airflow_finalckpt.plugins.api import get_app

@@ -33,7 +33,8 @@ class StageCode:
 @dataclass(frozen=True)
 class StageJob:
     """One stage attempt as plain values: the operator resolves them from its arguments and the
-    ``[finalckpt]`` settings, a submitted driver reads them back from its job spec."""
+    ``[finalckpt]`` settings, a submitted driver reads them back from its job spec.
+    """
 
     spec: StageSpec
     upstream_manifests: Mapping[str, Sequence[str]] = field(default_factory=dict)
@@ -61,7 +62,8 @@ def assemble_runner(
     fault: Callable[[str], None] | None = None,
 ) -> StageRunner:
     """The runner of one attempt: the logic writes output parts, throughput hints are kept in
-    the checkpoint storage under the job's scope."""
+    the checkpoint storage under the job's scope.
+    """
     logic = make_logic(job, code, storage)
     hints = None
     if job.hints_scope:

@@ -273,7 +273,8 @@ class _Collector:
 
     def pending_acks(self) -> dict[int, dict[str, bool]]:
         """Snapshots pending checkpoints were acknowledged with (they will be recorded as is);
-        returns checkpoint id -> stage id -> acknowledged by finish."""
+        returns checkpoint id -> stage id -> acknowledged by finish.
+        """
         result: dict[int, dict[str, bool]] = {}
         for cid, sid, by_finish, snap in self.coordinator.pending_ack_snapshots():
             self.add_snapshot(sid, snap, f"pending checkpoint {cid} (acknowledged)")
@@ -434,7 +435,8 @@ class _Files:
 
     def temporaries(self) -> list[tuple[str, dict[str, Any]]]:
         """Temporary files of atomic writes under ``data/``, ``state/`` and ``chk-<id>/``
-        (relative path, info), from one recursive listing of the pipeline directory."""
+        (relative path, info), from one recursive listing of the pipeline directory.
+        """
         try:
             found = self.fs.find(self.base, detail=True)
         except FileNotFoundError:
@@ -661,7 +663,8 @@ def _collect_temporaries(
     a checkpoint directory. Nothing reads them (readers only look at final names); they go once
     older than the grace period, unless their stage is RUNNING and they are newer than its last
     recorded batch (a write may be in flight). Temporary files that are units themselves, or
-    inside units deleted above, are already dealt with."""
+    inside units deleted above, are already dealt with.
+    """
     unit_paths = {u.relpath for u in units}
     gone = {e.path for e in deleted}
     for relpath, info in files.temporaries():

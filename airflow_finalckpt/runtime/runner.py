@@ -58,7 +58,8 @@ from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 
 class CommitMode(StrEnum):
     """PROGRESSIVE commits every transaction as soon as a completed checkpoint covers it;
-    FINAL publishes the whole stage's output at its final checkpoint only."""
+    FINAL publishes the whole stage's output at its final checkpoint only.
+    """
 
     PROGRESSIVE = "progressive"
     FINAL = "final"
@@ -119,7 +120,8 @@ class Log(Protocol):
 
 class StageLogic(Protocol):
     """What a stage does; the Spark adapter implements it (and may offer ``split_weights``:
-    the input bytes of each split, so auto batches are sized by bytes, not split counts)."""
+    the input bytes of each split, so auto batches are sized by bytes, not split counts).
+    """
 
     def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None: ...
 
@@ -161,7 +163,8 @@ class BatchSizer:
     """Sizes an attempt's batches from the policy, the samples so far and a stored hint.
 
     Weights are input bytes when the logic knows every pending split's size (upstream output
-    parts), else split counts; a hint measured in the other unit is ignored."""
+    parts), else split counts; a hint measured in the other unit is ignored.
+    """
 
     def __init__(
         self,
@@ -225,14 +228,16 @@ def batch_key(splits: Sequence[str]) -> str:
 
 def transaction_prefix(pipeline_key: str, stage_id: str) -> str:
     """What every transaction id of one stage of one pipeline starts with: pipelines sharing a
-    sink never write to, commit or sweep each other's transactions."""
+    sink never write to, commit or sweep each other's transactions.
+    """
     digest = hashlib.sha1(pipeline_key.encode()).hexdigest()[:10]
     return f"{stage_id}.p{digest}."
 
 
 def transaction_id(pipeline_key: str, stage_id: str, batch: str, epoch: int | None) -> str:
     """``<stage>.p<pipeline digest>.<batch key>.e<epoch>``: one per batch and attempt, at most
-    200 characters (a long stage id or batch key is shortened with a digest, never the epoch)."""
+    200 characters (a long stage id or batch key is shortened with a digest, never the epoch).
+    """
     body, suffix = f"{transaction_prefix(pipeline_key, stage_id)}{batch}", f".e{epoch}"
     if len(body) + len(suffix) > 200:
         body = f"{body[:180]}-{hashlib.sha1(body.encode()).hexdigest()[:10]}"
@@ -435,7 +440,8 @@ class StageRunner:
 
     def _upstream_drained(self, upstream: Sequence[str]) -> bool:
         """end_of_data with drain=true flows downstream: a stage fed by a drained stage is
-        drained too (its output is complete for what was read, not for all the input)."""
+        drained too (its output is complete for what was read, not for all the input).
+        """
         if not upstream:
             return False  # a source: nothing flows into it
         views = self.coordinator.stages()
@@ -474,7 +480,8 @@ class StageRunner:
         coordinator refused to record them and nobody else will ever abort them (the newer
         attempt's orphan sweep may have run before they were sealed). Their ids carry this
         attempt's epoch: no other attempt owns them, abort them in the sinks. Best effort: the
-        StaleEpochError being handled is what the caller must see."""
+        StaleEpochError being handled is what the caller must see.
+        """
         for txn in txns:
             sink = self.sinks.get(txn.sink_id)
             if sink is None:
@@ -633,7 +640,8 @@ class StageRunner:
 
     def _abort_orphaned_transactions(self) -> None:
         """Staged transactions the coordinator never recorded (a crashed batch) or aborted (a
-        restore to an earlier checkpoint) are dropped from the sinks."""
+        restore to an earlier checkpoint) are dropped from the sinks.
+        """
         known = {t.txn_id: state for t, state in self.coordinator.transactions(self.spec.stage_id)}
         prefix = transaction_prefix(self.spec.pipeline_key, self.spec.stage_id)
         for sink in self.sinks.values():
@@ -650,7 +658,8 @@ class StageRunner:
 class StageCloser:
     """Commit and close of a finished stage (FLIP-147's close()): it needs no stage logic, since
     commits are file renames and database transactions, so a task back from the triggerer (or
-    whose Spark driver ran elsewhere) closes its stage without Spark."""
+    whose Spark driver ran elsewhere) closes its stage without Spark.
+    """
 
     def __init__(
         self,

@@ -28,7 +28,8 @@ class SinkError(FinalCheckpointError):
 
 class InvalidIdentifierError(UnsafePathError, ValueError):
     """A sink or transaction id is not one safe path segment (both a StorageError and a
-    ValueError, so callers validating input can catch either)."""
+    ValueError, so callers validating input can catch either).
+    """
 
 
 class SinkTransactionError(SinkError):
@@ -111,13 +112,15 @@ class TwoPhaseCommitSink(ABC):
     @abstractmethod
     def staged_txn_ids(self) -> set[str]:
         """Transactions with staged, uncommitted data: on restore, the ones no checkpoint
-        references are lingering and must be aborted."""
+        references are lingering and must be aborted.
+        """
 
     @property
     def asset_uri(self) -> str | None:
         """The Airflow Asset URI of the sink's table, in the scheme Airflow's providers use
         (``file``, ``s3``, ``postgres``, ``iceberg``...), for the stage's ``outlets``; None if
-        the sink names none."""
+        the sink names none.
+        """
         return None
 
     def _check_txn_id(self, txn_id: str) -> str:

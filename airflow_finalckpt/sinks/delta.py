@@ -156,7 +156,7 @@ class DeltaTableSink(StagedTableSink):
     # -- commit ------------------------------------------------------------------------------
 
     def _commits_after(self, table: DeltaTable, version: int) -> list[dict[str, Any]]:
-        """commitInfo of the versions after ``version`` (newest first)."""
+        """CommitInfo of the versions after ``version`` (newest first)."""
         newer = table.version() - version
         return [] if newer <= 0 else list(table.history(limit=newer))
 
@@ -167,7 +167,8 @@ class DeltaTableSink(StagedTableSink):
 
     def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
         """Only transactions whose commit was attempted (version noted in the manifest) can be
-        in the log; it is read from the earliest such version on."""
+        in the log; it is read from the earliest such version on.
+        """
         attempted = {
             txn_id: int(manifest[VERSION_BEFORE_KEY])
             for txn_id, manifest in candidates.items()
@@ -219,7 +220,8 @@ class DeltaTableSink(StagedTableSink):
 
     def _files_schema(self, uris: list[str]) -> Any:
         """The Delta schema of the staged files, every column nullable (from the first footer;
-        the writes checked them all against the table)."""
+        the writes checked them all against the table).
+        """
         import pyarrow.parquet as pq
         from deltalake import Schema
 

@@ -126,7 +126,8 @@ class IcebergTableSink(StagedTableSink):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments; the
-        catalog properties may hold credentials, so treat the pickle as a secret."""
+        catalog properties may hold credentials, so treat the pickle as a secret.
+        """
         return (_rebuild, (self.sink_id, self.table_name, self._arguments()))
 
     def _arguments(self) -> dict[str, Any]:
@@ -236,7 +237,8 @@ class IcebergTableSink(StagedTableSink):
     def _flat_ids(table: Table) -> dict[str, int] | None:
         """Top-level field ids, if every column is primitive: Java Iceberg reads a file that
         has ids on some fields only by ids, dropping nested values; the name mapping (set at
-        commit) serves files without ids."""
+        commit) serves files without ids.
+        """
         fields = table.schema().fields
         if any(not field.field_type.is_primitive for field in fields):
             return None

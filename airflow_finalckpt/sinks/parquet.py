@@ -220,7 +220,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
 
     def _data_files(self, directory: str) -> dict[str, int]:
         """Visible files under ``directory`` (relative path -> size), skipping hidden ones such
-        as Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc`` files and our temporary files."""
+        as Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc`` files and our temporary files.
+        """
         self._fs.invalidate_cache(directory)
         found = self._fs.find(directory, detail=True)
         prefix = directory.rstrip("/") + "/"
@@ -401,7 +402,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
 
     def _copy_files(self, sources: list[str], targets: list[str]) -> None:
         """Copy (server side on object stores) every source whose target is missing or differs
-        in size (a half-written copy of a crashed commit); fsync them on local disks."""
+        in size (a half-written copy of a crashed commit); fsync them on local disks.
+        """
         todo_sources, todo_targets = [], []
         for source, target in zip(sources, targets, strict=True):
             self._fs.invalidate_cache(target)
@@ -434,7 +436,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
 
     def _commit_by_copy(self, txn_id: str, manifest: dict[str, Any]) -> bool:
         """Copy the sealed files into ``txn-<id>/``, then write the manifest there (the commit
-        point, one PUT), then drop the staging directory. Every step can be replayed."""
+        point, one PUT), then drop the staging directory. Every step can be replayed.
+        """
         staging, published = self._staging_path(txn_id), self._published_path(txn_id)
         relative = [entry["path"] for entry in manifest["files"]]
         try:
@@ -455,7 +458,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
 
     def _drop_committed_staging(self, txn_id: str) -> None:
         """Delete what a copy commit left in ``_staging`` (a crash may leave it), but never the
-        data of a transaction committed by the old manifest mode: its rows live there."""
+        data of a transaction committed by the old manifest mode: its rows live there.
+        """
         staging = self._staging_path(txn_id)
         if self._exists(self._legacy_record_path(txn_id)) or not self._exists(staging):
             return
@@ -526,7 +530,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
     def abort(self, txn: SinkTransaction) -> None:
         """Delete the staged data; the manifest goes first so a half-deleted transaction can
         never be committed. Also deletes files an interrupted copy left in ``txn-<id>/`` (no
-        manifest there: never committed)."""
+        manifest there: never committed).
+        """
         txn_id = self._check_owned(txn)
         if self.is_committed(txn_id):
             raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
@@ -544,7 +549,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
 
     def is_committed(self, txn_id: str) -> bool:
         """``txn-<id>/_manifest.json`` exists (rename moves it there with the data; a copy
-        commit writes it last), or an old-mode ``_commits/<id>.json`` record does."""
+        commit writes it last), or an old-mode ``_commits/<id>.json`` record does.
+        """
         txn_id = self._check_txn_id(txn_id)
         if self._exists(self._published_manifest_path(txn_id)):
             return True
@@ -578,7 +584,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
 
     def staged_txn_ids(self) -> set[str]:
         """Uncommitted transactions with staging directories, or with files an interrupted
-        copy commit (or abort) left in ``txn-<id>/``."""
+        copy commit (or abort) left in ``txn-<id>/``.
+        """
         published = self._published_dirs()
         staged = {
             name

@@ -226,7 +226,8 @@ class SqlTableSink(TwoPhaseCommitSink):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments, with a
-        fresh engine; the URL keeps its password, so treat the pickle as a secret."""
+        fresh engine; the URL keeps its password, so treat the pickle as a secret.
+        """
         url = self.engine.url.render_as_string(hide_password=False)
         keys = list(self.key_columns) or None
         args = (self.sink_id, url, self.table_name, self.columns, keys, self.driver_write_max_bytes)
@@ -235,7 +236,8 @@ class SqlTableSink(TwoPhaseCommitSink):
     @property
     def asset_uri(self) -> str:
         """``postgres://host:port/database/public/<table>`` (the Postgres provider's scheme);
-        ``sqlite:///<database file>/<table>`` for SQLite."""
+        ``sqlite:///<database file>/<table>`` for SQLite.
+        """
         url = self.engine.url
         if self.engine.dialect.name == "postgresql":
             where = f"{url.host or 'localhost'}:{url.port or 5432}"
@@ -276,7 +278,8 @@ class SqlTableSink(TwoPhaseCommitSink):
         self, arrow_schema: pyarrow.Schema | None = None
     ) -> tuple[Table, Table] | None:
         """The target and staging tables: reflected if present, else created from ``columns``
-        or ``arrow_schema``; None if neither exists nor can be defined yet."""
+        or ``arrow_schema``; None if neither exists nor can be defined yet.
+        """
         if self._target is not None and self._staging is not None:
             return self._target, self._staging
         existing = set(inspect(self.engine).get_table_names())
@@ -730,7 +733,8 @@ class SqlTableSink(TwoPhaseCommitSink):
 
 def estimated_bytes(df: pyspark.sql.DataFrame) -> int | None:
     """Spark's size estimate of a frame's optimized plan (no job runs; file sizes for a scan),
-    or None where it is not available (Spark Connect)."""
+    or None where it is not available (Spark Connect).
+    """
     try:
         return int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
     except Exception:
@@ -745,7 +749,8 @@ def _local_executors_use_this_python(df: pyspark.sql.DataFrame) -> Iterator[None
     """On a ``local[*]`` master without ``PYSPARK_PYTHON``, PySpark starts its Python workers
     with whatever ``python3`` is first on PATH, which may lack this package and its database
     drivers. The staging UDF is then built with the driver's own interpreter (same machine, same
-    packages). Any other master keeps its configuration: its executors need the package."""
+    packages). Any other master keeps its configuration: its executors need the package.
+    """
     context: Any = getattr(df.sparkSession, "_sc", None)  # None on Spark Connect
     if (
         context is None
@@ -766,7 +771,8 @@ def _local_executors_use_this_python(df: pyspark.sql.DataFrame) -> Iterator[None
 @dataclass(frozen=True)
 class _PartitionWrite:
     """What a Spark task needs to stage its partition (pickled into the task: the URL keeps its
-    password, as for the sink itself)."""
+    password, as for the sink itself).
+    """
 
     url: str
     sink_id: str
@@ -788,7 +794,8 @@ class _PartitionWrite:
 def _stage_partition(spec: _PartitionWrite, partition: int, batches: Iterator[Any]) -> int:
     """Stage one partition's rows in one database transaction that also claims the partition
     in ``finalckpt_sink_writes``: a retried or speculative task attempt whose partition is
-    already claimed writes nothing and reports the claimed count, so no row is staged twice."""
+    already claimed writes nothing and reports the claimed count, so no row is staged twice.
+    """
     from sqlalchemy.pool import NullPool
 
     engine = make_engine(spec.url, poolclass=NullPool)
@@ -836,7 +843,8 @@ def _sqlite_rows(
 ) -> tuple[str, list[tuple[Any, ...]]]:
     """The INSERT and its parameter tuples, converted column by column with the bind
     processors of the staging table's reflected types (what SQLAlchemy's own ``insert`` would
-    apply, without its per-row dictionaries: about 3x faster)."""
+    apply, without its per-row dictionaries: about 3x faster).
+    """
     staging = Table(spec.staging_table, MetaData(), autoload_with=engine)
     dialect = engine.dialect
     names = (TXN_COLUMN, *spec.columns)
@@ -883,7 +891,8 @@ def _record_rows(conn: Connection, writes: Table, key: dict[str, Any], rows: int
 
 def _copy_into_postgres(conn: Connection, spec: _PartitionWrite, batches: Iterator[Any]) -> int:
     """``COPY ... FROM STDIN`` in CSV written by pyarrow's C++ writer (rows one by one through
-    psycopg only for binary columns, which CSV cannot carry)."""
+    psycopg only for binary columns, which CSV cannot carry).
+    """
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.types as pat

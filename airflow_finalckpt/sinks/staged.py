@@ -59,7 +59,8 @@ COMMIT_ATTEMPTS = 8
 
 def first_line(exc: BaseException) -> str:
     """One line for an error message: JVM and catalog errors span pages; their first line
-    with content (Py4J's starts with a useless "An error occurred while calling") says it."""
+    with content (Py4J's starts with a useless "An error occurred while calling") says it.
+    """
     getter = getattr(exc, "getMessage", None)
     text = str(getter() if callable(getter) else exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -96,7 +97,8 @@ def _optional(kind: pyarrow.DataType) -> pyarrow.DataType:
 
 def micros_timestamps(table: pyarrow.Table) -> pyarrow.Table:
     """``table`` with nanosecond timestamps cast to microseconds, the unit Iceberg and Delta
-    keep (pandas writes nanoseconds)."""
+    keep (pandas writes nanoseconds).
+    """
     import pyarrow as pa
 
     fields = [
@@ -110,7 +112,8 @@ def micros_timestamps(table: pyarrow.Table) -> pyarrow.Table:
 
 def optional_schema(schema: pyarrow.Schema) -> pyarrow.Schema:
     """Every field optional, nested ones too: Spark's nullability follows the query plan, so a
-    table created from the first batch must accept the nulls of the next one."""
+    table created from the first batch must accept the nulls of the next one.
+    """
     import pyarrow as pa
 
     return pa.schema(f.with_type(_optional(f.type)).with_nullable(True) for f in schema)
@@ -131,7 +134,8 @@ R = TypeVar("R")
 
 def storage_errors(method: Callable[P, R]) -> Callable[P, R]:
     """A filesystem error (no permission, disk full, store unreachable) becomes a one-line
-    SinkError; every step is idempotent, so the stage retries it once the cause is fixed."""
+    SinkError; every step is idempotent, so the stage retries it once the cause is fixed.
+    """
 
     @functools.wraps(method)
     def translated(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -169,7 +173,8 @@ class StagedTableSink(TwoPhaseCommitSink):
     @abstractmethod
     def _prepare_spark(self, df: pyspark.sql.DataFrame) -> pyspark.sql.DataFrame:
         """Create the table from the batch if absent, refuse a mismatching schema (before any
-        file is written) and return the frame as it must be written."""
+        file is written) and return the frame as it must be written.
+        """
 
     @abstractmethod
     def _prepare_arrow(self, table: pyarrow.Table) -> pyarrow.Table:
@@ -178,12 +183,14 @@ class StagedTableSink(TwoPhaseCommitSink):
     @abstractmethod
     def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
         """One table commit adding the manifest's files and recording ``txn_id``; False if the
-        table turned out to hold it already (a racing committer won)."""
+        table turned out to hold it already (a racing committer won).
+        """
 
     @abstractmethod
     def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
         """Which of the transaction ids (with their manifest, if still there) the table's
-        history records as committed by this sink."""
+        history records as committed by this sink.
+        """
 
     @abstractmethod
     def _table_txn_ids(self) -> set[str]:
@@ -192,12 +199,14 @@ class StagedTableSink(TwoPhaseCommitSink):
     @abstractmethod
     def table_commits(self) -> list[str | None]:
         """One entry per commit in the table's history (Iceberg snapshot, Delta version),
-        oldest first: the transaction id this sink recorded in it, None for other writers'."""
+        oldest first: the transaction id this sink recorded in it, None for other writers'.
+        """
 
     @abstractmethod
     def table_files(self) -> set[str]:
         """Paths (no scheme) of the data files the table's current snapshot / version
-        references."""
+        references.
+        """
 
     # -- paths and files ---------------------------------------------------------------------
 
@@ -305,7 +314,8 @@ class StagedTableSink(TwoPhaseCommitSink):
     @storage_errors
     def write_spark(self, txn_id: str, df: pyspark.sql.DataFrame) -> None:
         """Stage a Spark DataFrame: Spark writes Parquet in parallel (microsecond timestamps,
-        not INT96, which other engines misread); nothing goes through this process."""
+        not INT96, which other engines misread); nothing goes through this process.
+        """
         txn_id = self._check_writable(txn_id)
         prepared = self._prepare_spark(df)
         target = self.staging_location(txn_id)
@@ -397,7 +407,8 @@ class StagedTableSink(TwoPhaseCommitSink):
 
     def _seal_files(self, fs: fsspec.AbstractFileSystem, path: str) -> list[dict[str, Any]]:
         """The data files staged in ``path``; Spark's side files (``.crc``) are removed so
-        nothing unreferenced stays in the table directory after commit."""
+        nothing unreferenced stays in the table directory after commit.
+        """
         import pyarrow.parquet as pq
 
         fs.invalidate_cache(path)
@@ -461,7 +472,8 @@ class StagedTableSink(TwoPhaseCommitSink):
     @storage_errors
     def abort(self, txn: SinkTransaction) -> None:
         """Delete the staged files, the manifest first (a half-deleted transaction can never be
-        committed); refused once committed."""
+        committed); refused once committed.
+        """
         txn_id = self._check_owned(txn)
         if self.is_committed(txn_id):
             raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
@@ -514,7 +526,8 @@ class StagedTableSink(TwoPhaseCommitSink):
     @storage_errors
     def staged_txn_ids(self) -> set[str]:
         """Transaction directories without the committed marker that the table does not
-        record either (a crash between the table commit and the marker)."""
+        record either (a crash between the table commit and the marker).
+        """
         open_ids = [txn_id for txn_id, committed in self._txn_dirs().items() if not committed]
         if not open_ids:
             return set()
@@ -525,7 +538,8 @@ class StagedTableSink(TwoPhaseCommitSink):
     def staged_files(self) -> set[str]:
         """Paths (no scheme) of every Parquet file under this sink's staging directories,
         committed or not: after a clean recovery exactly ``table_files()`` (this sink being
-        the table's only writer); any other is a leak."""
+        the table's only writer); any other is a leak.
+        """
         located = self._sink_dir()
         if located is None:
             return set()

@@ -57,7 +57,8 @@ log = logging.getLogger("airflow_finalckpt.driver")
 
 def spark_logic(session: Callable[[], SparkSession]) -> LogicFactory:
     """The stage logic on Spark, its session created on first use (a skipped stage starts
-    none): the factory of the operator's in-process path and of a submitted driver."""
+    none): the factory of the operator's in-process path and of a submitted driver.
+    """
 
     def make(job: StageJob, code: StageCode, storage: CheckpointStorage) -> StageLogic:
         # pyspark is imported where Spark runs, not by modules that only name this factory

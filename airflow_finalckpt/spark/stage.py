@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -90,7 +90,8 @@ class BatchContext:
 
     def global_state(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
         """Stage-global state (e.g. a broadcast dimension table): computed once, kept in every
-        checkpoint, restored on resume, so it survives partial finishing."""
+        checkpoint, restored on resume, so it survives partial finishing.
+        """
         assert self.logic is not None
         key = GLOBAL_PREFIX + name
         existing = self.logic.read_state(key)
@@ -105,27 +106,30 @@ class BatchContext:
     def attempt_value(self, name: str, factory: Callable[[], T]) -> T:
         """A value built once per stage attempt and reused by its batches, never checkpointed:
         for what can be rebuilt from immutable inputs (e.g. broadcast dimension tables read
-        from files). Unlike ``global_state`` it costs no state files."""
+        from files). Unlike ``global_state`` it costs no state files.
+        """
         assert self.logic is not None
         memo = self.logic.attempt_memo
         if name not in memo:
             memo[name] = factory()
-        return memo[name]
+        return cast(T, memo[name])
 
     def broadcast_table(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
         """A small table (e.g. a dimension for broadcast joins) reused by the batches of a stage
         attempt: the first call returns ``factory()``; from the second on, a copy held on the
         driver, made once (a broadcast collects the table to the driver anyway; a driver-local
         table is broadcast without reading its files again). A stage that runs one batch pays
-        nothing for it. Only for tables that fit the driver's memory."""
+        nothing for it. Only for tables that fit the driver's memory.
+        """
         assert self.logic is not None
         memo = self.logic.attempt_memo
         key = BROADCAST_PREFIX + name
         held = memo.get(key)
         if held is None:
-            memo[key] = (False, factory())
-            return memo[key][1]
-        local, frame = held
+            built = factory()
+            memo[key] = (False, built)
+            return built
+        local, frame = cast(tuple[bool, DataFrame], held)
         if not local:
             frame = self.spark.createDataFrame(frame.toArrow(), schema=frame.schema)
             memo[key] = (True, frame)
@@ -320,7 +324,8 @@ class SparkStageLogic:
 
     def split_weights(self, splits: Sequence[str]) -> list[int | None]:
         """Bytes of each split that is an upstream output part (None for other splits): auto
-        batches are sized by input bytes. One recursive listing per upstream stage."""
+        batches are sized by input bytes. One recursive listing per upstream stage.
+        """
         sizes: list[int | None] = [None] * len(splits)
         by_dir: dict[str, list[int]] = {}
         for index, split in enumerate(splits):

@@ -231,7 +231,8 @@ class CheckpointStorage:
         """Restoring from the savepoint at ``source``: copy the files it holds (see
         :mod:`~airflow_finalckpt.storage.savepoint_files`) that the pipeline directory lacks
         into it, verified; returns how many. Idempotent; a checkpoint without a file list
-        copies nothing."""
+        copies nothing.
+        """
         return savepoint_files.materialize(self, record, source)
 
     def discard_checkpoint(self, metadata_path: str) -> None:
@@ -260,7 +261,8 @@ class CheckpointStorage:
 
     def checkpoint_dir_ids(self, pipeline_key: str) -> list[int]:
         """Ids of every ``chk-<id>`` directory of a pipeline, with or without ``_metadata``
-        (one listing of the pipeline directory), ascending."""
+        (one listing of the pipeline directory), ascending.
+        """
         return sorted(self._list_checkpoint_dirs(pipeline_key)[1])
 
     def list_checkpoints(self, pipeline_key: str) -> list[tuple[int, str]]:
@@ -275,7 +277,8 @@ class CheckpointStorage:
 
     def _list_checkpoint_dirs(self, pipeline_key: str) -> tuple[str, list[int]]:
         """The pipeline's directory (fsspec path) and the ids of its ``chk-<id>`` entries, from a
-        fresh listing (fsspec caches listings; another process may have written since)."""
+        fresh listing (fsspec caches listings; another process may have written since).
+        """
         fs_dir = self._pipeline_fs_dir(pipeline_key)
         self.fs.invalidate_cache(fs_dir)
         try:

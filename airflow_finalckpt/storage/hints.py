@@ -25,7 +25,8 @@ class StorageThroughputHints:
     """``<storage root>/=hints/<scope>/<stage_id>.json``; scope: the DAG id or pipeline key.
 
     With ``pipeline_key`` every save is also written to ``<pipeline>/batches/<stage_id>.json``,
-    where ``finalckpt progress`` shows it."""
+    where ``finalckpt progress`` shows it.
+    """
 
     def __init__(
         self, storage: CheckpointStorage, scope: str, pipeline_key: str | None = None

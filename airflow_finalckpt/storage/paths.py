@@ -130,7 +130,8 @@ def decode_run_id(component: str) -> str:
 
 def normalize_state_path(relpath: object) -> str | None:
     """A path some record names, without surrounding blanks, trailing '/' or leading './';
-    None when it is not a safe state path (the caller reports or ignores it)."""
+    None when it is not a safe state path (the caller reports or ignores it).
+    """
     if not isinstance(relpath, str):
         return None
     path = relpath.strip().rstrip("/")

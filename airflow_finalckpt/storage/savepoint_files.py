@@ -160,7 +160,8 @@ def manifest_checksum(files: dict[str, Any]) -> str:
 
 def bundle(storage: CheckpointStorage, record: CheckpointRecord, fs_dir: str) -> int:
     """Put every file the savepoint references into ``fs_dir/files/`` and write the manifest;
-    returns the number of files. Call before ``_metadata`` is written."""
+    returns the number of files. Call before ``_metadata`` is written.
+    """
     fs = storage.fs
     base = str(fs._strip_protocol(storage.pipeline_dir(record.pipeline_key))).rstrip("/")
     fs.invalidate_cache(base)
@@ -255,7 +256,8 @@ def materialize(storage: CheckpointStorage, record: CheckpointRecord, source: st
     """Copy the savepoint's files that the pipeline directory lacks into it, verified against
     their size and sha256; returns how many were copied. Idempotent and safe to run from
     several tasks at once (every file is written atomically). A checkpoint without a file list
-    (periodic checkpoints, savepoints of older versions) copies nothing."""
+    (periodic checkpoints, savepoints of older versions) copies nothing.
+    """
     src_fs, src_dir = _source_dir(storage, source)
     where = source.rstrip("/")
     if posixpath.basename(where) == METADATA_FILE_NAME:

@@ -73,12 +73,13 @@ def backoff_delays(
     retries: int, backoff_s: float, max_backoff_s: float = MAX_BACKOFF_S
 ) -> list[float]:
     """The waits between attempts: ``backoff_s`` doubling, each at most ``max_backoff_s``
-    (what ``_wait`` answers after each failed attempt; for docs and tests)."""
+    (what ``_wait`` answers after each failed attempt; for docs and tests).
+    """
     return [min(backoff_s * 2**n, max_backoff_s) for n in range(retries)]
 
 
 def _wait(backoff_s: float, max_backoff_s: float) -> wait_exponential:
-    """tenacity's wait after failed attempt n: ``backoff_s * 2**(n-1)``, at most the cap."""
+    """Tenacity's wait after failed attempt n: ``backoff_s * 2**(n-1)``, at most the cap."""
     return wait_exponential(multiplier=backoff_s, exp_base=2, min=0, max=max_backoff_s)
 
 

@@ -1,5 +1,6 @@
 """Every read of one pipeline's coordination rows, on a connection the caller holds (inside the
-locked transition or a plain read): the coordinator's queries, one method each."""
+locked transition or a plain read): the coordinator's queries, one method each.
+"""
 
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ class StoreReader:
 
     def ack_target(self, checkpoint_id: int) -> tuple[CheckpointState, int, float, list[str]]:
         """(state, acks pending, triggered_at, to_ack) only: the whole plan (O(stages +
-        finished splits) of JSON) would make every acknowledgement O(graph)."""
+        finished splits) of JSON) would make every acknowledgement O(graph).
+        """
         c = t.checkpoints.c
         row = self._checkpoint(
             checkpoint_id,
@@ -413,12 +415,14 @@ class StoreReader:
 
     def waiting_snapshot(self) -> PipelineSnapshot:
         """Everything waiting stages decide on, in four statements whatever the number of
-        stages; UnknownPipelineError if the pipeline is not registered."""
+        stages; UnknownPipelineError if the pipeline is not registered.
+        """
         s, c = t.stages, t.checkpoints
 
         def first(*where: Any) -> Any:
             """The lowest checkpoint id >= the stage's finish threshold matching ``where``
-            (a correlated subquery: the database answers every stage in one statement)."""
+            (a correlated subquery: the database answers every stage in one statement).
+            """
             return (
                 select(func.min(c.c.checkpoint_id))
                 .where(
@@ -466,7 +470,8 @@ class StoreReader:
 
     def pending_ack_snapshots(self) -> list[tuple[int, AckRow]]:
         """(checkpoint id, acknowledgement) of every acknowledgement of a pending checkpoint:
-        what garbage collection must keep (they will be recorded as is)."""
+        what garbage collection must keep (they will be recorded as is).
+        """
         acks, cks = t.acks, t.checkpoints
         query = (
             select(acks.c.checkpoint_id, acks.c.stage_id, acks.c.by_finish, acks.c.snapshot)

@@ -1,7 +1,8 @@
 """The coordination store of one pipeline: the locked transition (one database transaction that
 first locks the pipeline row) and plain reads, over the readers and writers of ``reads`` and
 ``writes``. Transitions of one pipeline are serialized across processes: SQLite by its
-``BEGIN IMMEDIATE`` write lock, PostgreSQL by ``SELECT ... FOR UPDATE`` on the pipeline row."""
+``BEGIN IMMEDIATE`` write lock, PostgreSQL by ``SELECT ... FOR UPDATE`` on the pipeline row.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class CoordinationStore:
     def transition(self, *, create: Mapping[str, Any] | None = None) -> Iterator[StoreWriter]:
         """One write transaction holding the pipeline lock, committed when the block ends
         (rolled back if it raises). ``create``: the pipeline row to insert first if there is
-        none (rolled back with the rest)."""
+        none (rolled back with the rest).
+        """
         with self.engine.begin() as conn:
             if create is not None:
                 r.insert_ignore(conn, t.pipelines, create)
@@ -44,7 +46,8 @@ class CoordinationStore:
     @contextmanager
     def read(self, *, repeatable: bool = False) -> Iterator[StoreReader]:
         """A read-only connection; ``repeatable``: one consistent snapshot on PostgreSQL
-        (REPEATABLE READ; SQLite's read transaction already is one)."""
+        (REPEATABLE READ; SQLite's read transaction already is one).
+        """
         with self.engine.connect() as conn:
             if repeatable and conn.dialect.name == "postgresql":
                 conn.execution_options(isolation_level="REPEATABLE READ")
@@ -54,7 +57,8 @@ class CoordinationStore:
 
     def link_dag_run(self, dag_id: str, run_id: str, now: float) -> None:
         """Record that a DAG run works on this pipeline (idempotent); refused if it already
-        works on another one."""
+        works on another one.
+        """
         with self.engine.begin() as conn:
             r.insert_ignore(
                 conn,

@@ -1,5 +1,6 @@
 """Row <-> value mapping of the coordination store: the only place that knows how the core's
-values are laid out in columns (enums as strings, snapshots and plans as JSON)."""
+values are laid out in columns (enums as strings, snapshots and plans as JSON).
+"""
 
 from __future__ import annotations
 

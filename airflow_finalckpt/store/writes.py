@@ -1,5 +1,6 @@
 """Every write of one pipeline's coordination rows, inside the locked transition
-(``CoordinationStore.transition``): what a transition decided, put into rows."""
+(``CoordinationStore.transition``): what a transition decided, put into rows.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from airflow_finalckpt.store.reads import StoreReader
 
 class StoreWriter(StoreReader):
     """Reads and writes of one pipeline's rows within its locked transition; ``pipeline`` is
-    the locked pipeline row (every column but the graph)."""
+    the locked pipeline row (every column but the graph).
+    """
 
     def __init__(self, conn: Connection, pipeline_key: str, pipeline: RowMapping) -> None:
         super().__init__(conn, pipeline_key)
@@ -287,7 +289,8 @@ class StoreWriter(StoreReader):
         self, stage_id: str, txn: SinkTransaction, epoch: int, checkpoint_id: int, now: float
     ) -> None:
         """A transaction a restored checkpoint holds: pre-committed and covered by it again
-        (inserted if this store never saw it; a committed one stays committed)."""
+        (inserted if this store never saw it; a committed one stays committed).
+        """
         r.insert_ignore(
             self.conn,
             t.transactions,
@@ -362,7 +365,8 @@ class StoreWriter(StoreReader):
 
 def lock_pipeline(conn: Connection, pipeline_key: str) -> RowMapping | None:
     """Lock the pipeline row (FOR UPDATE; SQLite already holds the write lock) and read every
-    column but the graph (O(stages) of JSON, read only when its fingerprint changes)."""
+    column but the graph (O(stages) of JSON, read only when its fingerprint changes).
+    """
     return (
         conn.execute(
             select(*(c for c in t.pipelines.c if c.name != "graph"))

@@ -78,7 +78,8 @@ def _is_transient(exc: BaseException) -> bool:
 
 def stage_view(coordinator: CoordinatorPort, stage_id: str) -> StageView:
     """The stage's view; UnknownPipelineError (not UnknownStageError) if the whole pipeline is
-    missing, so messages say what is really wrong."""
+    missing, so messages say what is really wrong.
+    """
     try:
         return coordinator.stage(stage_id)
     except UnknownStageError:
@@ -109,7 +110,7 @@ class _StagePollingTrigger(BaseTrigger):
         *,
         deadline: float | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # Airflow's is unannotated
         if not poll_interval or poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.pipeline_key = pipeline_key
@@ -146,7 +147,8 @@ class _StagePollingTrigger(BaseTrigger):
     def __repr__(self) -> str:
         # BaseTrigger's repr prints every kwarg: the store password would end up in logs.
         classpath, _ = self.serialize()
-        return self.repr(classpath, self._masked_kwargs())
+        text: str = self.repr(classpath, self._masked_kwargs())
+        return text
 
     # ------------------------------------------------------------------ polling
 
@@ -161,7 +163,8 @@ class _StagePollingTrigger(BaseTrigger):
     def _poll(self) -> _Poll:
         """One blocking look at the store (runs in a worker thread): the snapshot shared by
         this process's waiters answers "nothing to do yet" cheaply; anything else (or no
-        snapshot) goes to the coordinator, which decides again."""
+        snapshot) goes to the coordinator, which decides again.
+        """
         snapshot = self._shared_snapshot()
         if snapshot is not None and self._idle(snapshot):
             return _Poll()
@@ -177,7 +180,8 @@ class _StagePollingTrigger(BaseTrigger):
 
     def _shared_snapshot(self) -> PipelineSnapshot | None:
         """The pipeline's snapshot shared with every waiter of this process (at most one read
-        per poll interval); None if the pipeline is not registered."""
+        per poll interval); None if the pipeline is not registered.
+        """
         return shared_snapshot(
             self.store_url,
             self.pipeline_key,
@@ -347,7 +351,8 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
 
     def _poll_coordinator(self) -> _Poll:
         """The coordinator decides (and may trigger or abort checkpoints): the shared snapshot
-        found something to do, or could not tell."""
+        found something to do, or could not tell.
+        """
         coordinator = self._get_coordinator()
         view = stage_view(coordinator, self.stage_id)
         if self.epoch is not None and view.epoch != self.epoch:

@@ -60,7 +60,8 @@ def shared_snapshot(
     """The pipeline's snapshot, read again only if it is ``max_age`` seconds old or was read
     before ``not_before`` (both ``time.monotonic()``): a waiter never decides on a read older
     than itself. None if the pipeline is not registered. Blocking: call it off the event loop.
-    Store errors propagate (the trigger rides out transient ones)."""
+    Store errors propagate (the trigger rides out transient ones).
+    """
     entry = _entry(store_url, pipeline_key, time.monotonic())
     with entry.lock:
         if entry.read_at >= not_before and time.monotonic() - entry.read_at < max_age:

@@ -55,7 +55,8 @@ def _stage_to_json(stage: StageCheckpointRecord) -> dict[str, Any]:
 
 def record_to_body(record: CheckpointRecord) -> CheckpointBodyV1:
     """Encode a record; raises pydantic's ValidationError (with full field paths) if it has
-    no JSON form."""
+    no JSON form.
+    """
     for key, stage in record.stages.items():
         if stage.stage_id != key:
             raise MetadataError(

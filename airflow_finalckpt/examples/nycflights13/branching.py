@@ -77,7 +77,8 @@ def branching_sinks(
     """The sinks of the two publishing stages, per table (``delay_windows`` is written by
     ``publish``, ``carrier_daily`` by ``carrier_daily``): Parquet tables, the SQL table of the
     delay windows, and with ``lakehouse`` an Iceberg table (SQLite catalog in
-    ``<output>/warehouse``) and a Delta table (``<output>/delta/<table>``) for each."""
+    ``<output>/warehouse``) and a Delta table (``<output>/delta/<table>``) for each.
+    """
     sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
     sinks: dict[str, list[TwoPhaseCommitSink]] = {
         "delay_windows": [
@@ -111,7 +112,8 @@ def weather_transform(input_dir: str) -> Transform:
 
 def enrich_transform(input_dir: str) -> Transform:
     """Fan-in: flights (this batch's ingest parts) joined with the dimension files and with the
-    ``weather`` stage's whole output, all built and key-checked once per stage attempt."""
+    ``weather`` stage's whole output, all built and key-checked once per stage attempt.
+    """
 
     def transform(ctx: BatchContext) -> DataFrame:
         layout = stages.input_layout(ctx, input_dir)

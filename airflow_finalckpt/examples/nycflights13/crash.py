@@ -40,7 +40,8 @@ def crash_if_requested(ctx: BatchContext, spec: str | None, *, hard: bool = Fals
     recorded before), once. ``hard`` kills the process (like a SIGKILL of the worker) instead of
     raising. When the stage's splits run out before batch N+1 (too few splits, or batches that
     take them all) nothing is injected. Either way the JSON file ``faults/<stage>.crashed``
-    beside the state says what happened (see ``crash_outcome``)."""
+    beside the state says what happened (see ``crash_outcome``).
+    """
     if not spec or ctx.logic is None:
         return
     stage_id, _, count = spec.partition(":")

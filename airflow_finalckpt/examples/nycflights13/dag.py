@@ -35,7 +35,8 @@ BatchHook: TypeAlias = Callable[["BatchContext"], None]
 
 def env_settings() -> dict[str, Any]:
     """The example DAG files' input, output and days from ``FINALCKPT_EXAMPLE_*`` (see their
-    docstrings)."""
+    docstrings).
+    """
     home = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "finalckpt"
     return {
         "input_dir": os.environ.get("FINALCKPT_EXAMPLE_INPUT", str(home / "input")),

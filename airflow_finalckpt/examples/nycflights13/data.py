@@ -346,7 +346,7 @@ def _has_schema(path: Path, expected: pa.Schema) -> bool:
     except (OSError, pa.ArrowException):
         log.warning("replacing unreadable input file %s", path)
         return False
-    return found.remove_metadata().equals(expected.remove_metadata())
+    return bool(found.remove_metadata().equals(expected.remove_metadata()))
 
 
 def _atomic_write_parquet(table: pa.Table, path: Path) -> None:

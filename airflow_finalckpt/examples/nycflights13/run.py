@@ -76,7 +76,8 @@ def _migrate_airflow() -> None:
 def _load_dag(crash: Callable[[], str | None] | None = None) -> Any:
     """The DAG of ``dags/nycflights13_branching.py``; with ``crash`` (the crash spec, read when
     a batch runs) the same DAG built by its factory with the demo's crash hook on enrich and no
-    retries (the DAG file has no test knobs)."""
+    retries (the DAG file has no test knobs).
+    """
     spec = importlib.util.spec_from_file_location(
         "nycflights13_branching", REPO_DAGS / "nycflights13_branching.py"
     )
@@ -112,7 +113,8 @@ def describe_crash(
 ) -> CrashReport:
     """The truth about the injected crash, from the first DAG run's state, the crash marker
     (``crash.crash_outcome``) and enrich's stored progress; ``fired`` only if all three agree
-    that enrich failed mid-way with part of its splits recorded."""
+    that enrich failed mid-way with part of its splits recorded.
+    """
     of = f"{finished} of {total}" if total is not None else f"{finished}"
     progress = f"enrich is {lifecycle} with {of} splits recorded"
     if outcome is None:

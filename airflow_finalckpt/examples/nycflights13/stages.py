@@ -14,9 +14,13 @@ from functools import partial
 
 from pyspark.sql import DataFrame
 
-from airflow_finalckpt.examples.nycflights13.data import InputLayout, open_layout, split_path
-from airflow_finalckpt.examples.nycflights13.transforms import (
+from airflow_finalckpt.examples.nycflights13.data import (
     DIMENSION_TABLES,
+    InputLayout,
+    open_layout,
+    split_path,
+)
+from airflow_finalckpt.examples.nycflights13.transforms import (
     delay_windows,
     enrich,
     flush_delay_windows,
@@ -72,7 +76,8 @@ def enrich_transform(input_dir: str) -> Transform:
 def windows_transform(ctx: BatchContext) -> DataFrame:
     """One batch of windows. The stage's last batch fires every window and drops the state
     (one output, no state files, like a plain job over all the input); ``windows_finish`` then
-    has nothing left to fire."""
+    has nothing left to fire.
+    """
     final = ctx.last_batch
     step = delay_windows(ctx.read_parts(), ctx.get_state(WINDOW_STATE), ctx.watermark, final=final)
     if final:
@@ -87,7 +92,8 @@ def windows_finish(ctx: BatchContext) -> DataFrame | None:
     """MAX_WATERMARK: every open window fires (a drain, or a restored attempt whose splits were
     all finished before its last batch could fire them). The state is left as it is: a finished
     stage is restored from its end_of_data, never from its state, and a finish redone after a
-    crash fires the same windows again into the same part."""
+    crash fires the same windows again into the same part.
+    """
     state = ctx.get_state(WINDOW_STATE)
     return None if state is None else flush_delay_windows(state)
 

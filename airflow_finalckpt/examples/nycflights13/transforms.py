@@ -239,7 +239,8 @@ def weather_by_origin(
     spark: SparkSession, layout: InputLayout, origins: Sequence[str]
 ) -> DataFrame:
     """The weather dimension's rows of the given origin airports (the branching example's
-    ``weather`` source stage: one split per origin), with the columns enrich joins on."""
+    ``weather`` source stage: one split per origin), with the columns enrich joins on.
+    """
     if not origins:
         raise ValueError("weather_by_origin needs at least one origin airport")
     weather = load_dim(spark, layout, "weather")
@@ -313,7 +314,8 @@ def delay_windows(
     final: bool = False,
 ) -> WindowStep:
     """Advance the hourly per-origin delay windows by one batch of enriched flights
-    (``final``: the last batch of the input, every window fires)."""
+    (``final``: the last batch of the input, every window fires).
+    """
     with_cancelled = enriched.withColumn("cancelled", F.col("dep_time").isNull().cast("long"))
     return advance(with_cancelled, state, watermark, spec, DELAY_AGGREGATES, final=final)
 

@@ -92,7 +92,8 @@ def create_app(get_control: Callable[[], PipelineControl] | None = None) -> Fast
     @app.exception_handler(FinalCheckpointError)
     async def control_error(request: Request, exc: FinalCheckpointError) -> Any:
         """Errors of the control service (unknown run, already stopping, drained savepoint,
-        ...) answer with their own message and status (404/409/422/503), like any HTTP error."""
+        ...) answer with their own message and status (404/409/422/503), like any HTTP error.
+        """
         return await http_error(request, control_http_error(exc))
 
     @app.exception_handler(StarletteHTTPException)

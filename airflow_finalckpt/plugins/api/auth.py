@@ -189,7 +189,8 @@ def readable_runs(
 ) -> list[PipelineRunSummary]:
     """The runs whose every DAG the user may read (one check per DAG); a pipeline run with no
     DAG run recorded belongs to nobody's DAG and is hidden. The JSON list and the runs page
-    both filter through here, so they cannot show different runs."""
+    both filter through here, so they cannot show different runs.
+    """
     allowed: dict[str, bool] = {}
 
     def may_read(dag_id: str) -> bool:

@@ -1,6 +1,7 @@
 """The UI pages rendered from the Jinja2 templates in ``airflow_finalckpt/plugins/templates``
 (package data; Jinja2 ships with Airflow). Autoescaping is on for every template, so ids, run
-ids and error texts can never inject markup; the values the templates draw come from ``view``."""
+ids and error texts can never inject markup; the values the templates draw come from ``view``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """REST routes under ``/finalckpt/api``: pipeline runs, stop with drain / savepoint, resume,
-restore. GET routes only read; every change is a POST. See docs/ui-and-api.md."""
+restore. GET routes only read; every change is a POST. See docs/ui-and-api.md.
+"""
 
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -49,7 +50,8 @@ class CheckpointList(BaseModel):
 
 class StopBody(BaseModel):
     """``drain``: finish everything, fire all windows, commit, end the DAG run successfully.
-    ``savepoint``: suspend at the next split-batch boundary; resume later."""
+    ``savepoint``: suspend at the next split-batch boundary; resume later.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -163,7 +165,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     )
     def get_run(dag_id: str, run_id: str, _: CanRead, control: Control) -> PipelineDetail:
         """The pipeline run of a DAG run: state, stop request, stages (status, split progress,
-        lifecycle, upstream edges) and the latest checkpoints."""
+        lifecycle, upstream edges) and the latest checkpoints.
+        """
         return control.describe(dag_id, run_id)
 
     @router.get(
@@ -181,7 +184,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> CheckpointList:
         """Checkpoints and savepoints, newest first: kind, reason, state, trigger and
-        completion time, duration, size, and every stage's status in each."""
+        completion time, duration, size, and every stage's status in each.
+        """
         detail = control.describe(dag_id, run_id, checkpoints=limit)
         return CheckpointList(checkpoints=detail.checkpoints, total_entries=len(detail.checkpoints))
 
@@ -198,7 +202,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     ) -> StopSummary:
         """Request a stop. The answer is the stop request (state ``REQUESTED``); poll the run
         until its state is ``suspended`` (savepoint) or ``drained`` (drain). Needs permission
-        to edit the DAG's runs."""
+        to edit the DAG's runs.
+        """
         return control.stop(dag_id, run_id, body.mode, requested_by=principal.name)
 
     @router.post(
@@ -210,7 +215,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     )
     def resume_run(dag_id: str, run_id: str, principal: CanEdit, control: Control) -> StopSummary:
         """Continue a run suspended at a savepoint, in the same DAG run. A drained run cannot be
-        resumed (409). Needs permission to edit the DAG's runs."""
+        resumed (409). Needs permission to edit the DAG's runs.
+        """
         return control.resume(dag_id, run_id, requested_by=principal.name)
 
     @router.post(
@@ -232,7 +238,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         graph change (the rules the stage tasks apply before writing: 409 naming the stage and
         the rule), then trigger a new DAG run with conf ``{"restore_from": savepoint_path}``
         (and ``allow_drop_stages``). ``dry_run``: only the check and the plan. Needs permission
-        to create and edit the DAG's runs."""
+        to create and edit the DAG's runs.
+        """
         check = control.plan_restore(
             dag_id,
             body.savepoint_path,
@@ -284,7 +291,8 @@ def trigger_restore_run(
 ) -> str:
     """Create a queued DAG run restoring ``savepoint_path``, the way Airflow's REST API does
     (``airflow.api.common.trigger_dag.trigger_dag``, in the api-server's own process). Stages
-    dropped on purpose are named in the run's conf and its note."""
+    dropped on purpose are named in the run's conf and its note.
+    """
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.exceptions import DagNotFound
     from airflow.utils.types import DagRunTriggeredByType

@@ -1,5 +1,6 @@
 """HTML routes under ``/finalckpt/ui`` (shown in Airflow's UI through external views) and the
-page's static files. Read-only: the page's buttons POST to the REST routes."""
+page's static files. Read-only: the page's buttons POST to the REST routes.
+"""
 
 from collections.abc import Callable
 from importlib import resources

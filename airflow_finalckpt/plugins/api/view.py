@@ -1,6 +1,7 @@
 """What the UI templates draw, as plain values: formatted numbers and times, which buttons a run
 state enables, the stage graph's layout. No HTML here (that is in ``plugins/templates/``), so
-these rules are testable without rendering a page."""
+these rules are testable without rendering a page.
+"""
 
 from __future__ import annotations
 

@@ -62,7 +62,8 @@ STANDALONE_PYTHON_CLUSTER_MODE = (
 
 class UnsupportedDeployModeError(ConfigurationError, StageDefinitionError):
     """A deploy mode the master cannot run (standalone cluster mode for Python): the same on
-    every try, so the task fails at once, before anything is submitted (permanent error)."""
+    every try, so the task fails at once, before anything is submitted (permanent error).
+    """
 
 
 class ExecutionMode(StrEnum):

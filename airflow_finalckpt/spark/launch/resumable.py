@@ -94,7 +94,8 @@ class SubmissionStatus:
 class StorageStateStore:
     """Fallback for ``context["task_state_store"]`` when the Task SDK gives none (the operator's
     ``execute`` called without a task runner): the record lives in the checkpoint storage as
-    ``drivers/<stage>/current.json``, keyed like the task state store."""
+    ``drivers/<stage>/current.json``, keyed like the task state store.
+    """
 
     kind = "checkpoint storage (drivers/<stage>/current.json)"
 
@@ -171,7 +172,8 @@ class ResumableSubmission(ResumableJobMixin):
 
         The record is persisted *before* spark-submit starts (the mixin persists it again after
         this returns): no window in which a driver runs that no try knows of. spark-submit runs
-        in a thread because in client mode it only returns when the driver ends."""
+        in a thread because in client mode it only returns when the driver ends.
+        """
         job, files = self.job, self.files
         sid = job.submission_id
         if self.code is not None:
@@ -252,7 +254,8 @@ class ResumableSubmission(ResumableJobMixin):
 
     def poll_until_complete(self, external_id: Any, context: Any) -> Any:
         """Wait for the driver's result; return it too: on a reattach ``execute_resumable``
-        returns what this returns (it calls ``get_job_result`` only after a fresh submit)."""
+        returns what this returns (it calls ``get_job_result`` only after a fresh submit).
+        """
         record = dict(external_id)
         sid = str(record["submission_id"])
         if sid == self._submitted and self._thread is not None:

@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob
@@ -91,7 +91,8 @@ def code_reference(fn: Callable[..., Any] | None) -> str | None:
 
 def _unimportable_modules(objects: Sequence[Any]) -> list[Any]:
     """Modules of the given callables that another process could not import by name (DAG
-    files Airflow loaded under a mangled name): their functions must be pickled by value."""
+    files Airflow loaded under a mangled name): their functions must be pickled by value.
+    """
     found = []
     for obj in objects:
         name = getattr(obj, "__module__", None)
@@ -116,7 +117,8 @@ def importable_elsewhere(module: str) -> bool:
     """Whether a fresh interpreter with this environment imports ``module`` by name: its top
     package is found by the import machinery (not merely present in ``sys.modules``, where
     Airflow puts DAG files under mangled names) and does not live in the dags folder (on
-    ``sys.path`` only inside Airflow's processes)."""
+    ``sys.path`` only inside Airflow's processes).
+    """
     if module == "__main__":
         return False
     top = module.split(".", 1)[0]
@@ -139,7 +141,7 @@ def importable_elsewhere(module: str) -> bool:
 
 
 def pickle_code(payload: Mapping[str, Any], stage_id: str) -> bytes:
-    """cloudpickle the stage's code; a clear error when something cannot be pickled."""
+    """Cloudpickle the stage's code; a clear error when something cannot be pickled."""
     from pyspark import cloudpickle
 
     by_value = _unimportable_modules([v for v in payload.values() if callable(v)])
@@ -247,7 +249,8 @@ class SubmitLauncher:
 
         The record of the submission lives in Airflow's task state store
         (``context["task_state_store"]``, Airflow 3.3); without one (``execute`` called with
-        a hand-made context) in the checkpoint storage, ``drivers/<stage>/current.json``."""
+        a hand-made context) in the checkpoint storage, ``drivers/<stage>/current.json``.
+        """
         context = context or {}
         files = Files(self.storage, job.pipeline_key, job.stage_id)
         self._files = files
@@ -270,14 +273,14 @@ class SubmitLauncher:
         resumable = ResumableSubmission(self, job, code, durable=durable)
         self.resumable = resumable
         try:
-            return resumable.execute_resumable(mixin_context)
+            return cast(DriverOutcome, resumable.execute_resumable(mixin_context))
         except DriverLost as lost:
             # the reattached driver is gone: its record now reads LOST, so this submits afresh
             self.log.info("%s: submitting a new driver", lost)
             previous = resumable.previous
             resumable = ResumableSubmission(self, job, code, durable=durable)
             self.resumable = resumable
-            outcome = resumable.execute_resumable(mixin_context)
+            outcome = cast(DriverOutcome, resumable.execute_resumable(mixin_context))
             resumable.previous = resumable.previous or previous
             return outcome
 
@@ -322,7 +325,8 @@ class SubmitLauncher:
 
     def on_kill(self) -> None:
         """Stop the driver: the hook's on_kill (spark-submit, YARN app, driver pod) plus the
-        cancel marker every driver checks with its heartbeat (also a reattached one)."""
+        cancel marker every driver checks with its heartbeat (also a reattached one).
+        """
         self.killed = True
         if self._files is not None and self.submission is not None:
             try:
