@@ -32,6 +32,7 @@ from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
     OUTPUT_PREFIX,
+    CheckpointRecord,
     CheckpointState,
     StageLifecycle,
     StageStatus,
@@ -191,6 +192,26 @@ def _same(left: Any, right: Any, approximate: bool, rtol: float) -> bool:
     return bool(a == b)
 
 
+def _example(check: RowCheck, text: str) -> None:
+    """Keep the first five findings as examples: enough to see the pattern, short to print."""
+    if len(check.examples) < 5:
+        check.examples.append(text)
+
+
+def _wrong_columns(
+    got: Any,
+    row: Any,
+    columns: Sequence[str],
+    key: Sequence[str],
+    approximate: Sequence[str],
+    rtol: float,
+) -> list[str]:
+    """The non-key columns in which ``got`` differs from the expected ``row``."""
+    return [
+        c for c in columns if c not in key and not _same(got[c], row[c], c in approximate, rtol)
+    ]
+
+
 def compare_rows(
     actual: pandas.DataFrame,
     expected: pandas.DataFrame,
@@ -219,32 +240,81 @@ def compare_rows(
         n = counts.get(k, 0)
         if n == 0:
             check.lost += 1
-            if len(check.examples) < 5:
-                check.examples.append(f"lost {k}")
+            _example(check, f"lost {k}")
             continue
         if n > 1:
             check.duplicated += n - 1
-            if len(check.examples) < 5:
-                check.examples.append(f"{k} {n} times")
-        got = first[k]
-        bad = missing_columns or [
-            c
-            for c in expected.columns
-            if c not in key and not _same(got[c], row[c], c in approximate, rtol)
-        ]
+            _example(check, f"{k} {n} times")
+        bad = missing_columns or _wrong_columns(
+            first[k], row, expected.columns, key, approximate, rtol
+        )
         if bad:
             check.wrong += 1
-            if len(check.examples) < 5:
-                check.examples.append(f"{k} differs in {bad}")
+            _example(check, f"{k} differs in {bad}")
     for k, n in counts.items():
         if k not in wanted:
             check.unexpected += n
-            if len(check.examples) < 5:
-                check.examples.append(f"unexpected {k}")
+            _example(check, f"unexpected {k}")
     return check
 
 
 # ------------------------------------------------------------------------------ transactions
+
+
+def _check_sink_commits(
+    sink: TwoPhaseCommitSink,
+    states: dict[tuple[str, str], str],
+    verdict: Verdict,
+) -> None:
+    """The sink's commit records against the coordinator's: committed on one side only, or one
+    batch committed under two transaction ids (two attempts)."""
+    committed = sink.committed_txn_ids()
+    for txn_id in sorted(committed):
+        known = states.get((sink.sink_id, txn_id))
+        if known != TransactionState.COMMITTED.value:
+            verdict.orphaned.append(
+                f"{sink.sink_id}/{txn_id} committed in the sink but "
+                f"{known or 'unknown'} in the coordinator"
+            )
+    for (sink_id, txn_id), state in sorted(states.items()):
+        if (
+            sink_id == sink.sink_id
+            and state == TransactionState.COMMITTED.value
+            and txn_id not in committed
+        ):
+            verdict.orphaned.append(
+                f"{sink_id}/{txn_id} COMMITTED in the coordinator but not in the sink"
+            )
+    batches = Counter(_EPOCH_SUFFIX.sub("", t) for t in committed)
+    for batch, n in sorted(batches.items()):
+        if n > 1:
+            verdict.double_committed.append(
+                f"{sink.sink_id}: batch {batch} committed by {n} attempts: "
+                f"{sorted(t for t in committed if _EPOCH_SUFFIX.sub('', t) == batch)}"
+            )
+
+
+def _check_staged(
+    sink: TwoPhaseCommitSink,
+    states: dict[tuple[str, str], str],
+    epochs: dict[str, int],
+    verdict: Verdict,
+) -> None:
+    """Staged data left in the sink is a leak; say when a stale attempt sealed it."""
+    for txn_id in sorted(sink.staged_txn_ids()):
+        known = states.get((sink.sink_id, txn_id))
+        detail = (
+            f"{sink.sink_id}: staged transaction {txn_id} ({known or 'unknown to the coordinator'})"
+        )
+        match = _TXN_ID.match(txn_id)
+        if (
+            known is None
+            and match is not None
+            and match["stage"] in epochs
+            and int(match["epoch"]) < epochs[match["stage"]]
+        ):
+            detail += f", sealed by a stale attempt (epoch {match['epoch']})"
+        verdict.leaked.append(detail)
 
 
 def check_transactions(
@@ -256,45 +326,8 @@ def check_transactions(
         if state == TransactionState.PRECOMMITTED.value:
             verdict.orphaned.append(f"{sink_id}/{txn_id} still PRECOMMITTED in the coordinator")
     for sink in sinks:
-        committed = sink.committed_txn_ids()
-        for txn_id in sorted(committed):
-            known = states.get((sink.sink_id, txn_id))
-            if known != TransactionState.COMMITTED.value:
-                verdict.orphaned.append(
-                    f"{sink.sink_id}/{txn_id} committed in the sink but "
-                    f"{known or 'unknown'} in the coordinator"
-                )
-        for (sink_id, txn_id), state in sorted(states.items()):
-            if (
-                sink_id == sink.sink_id
-                and state == TransactionState.COMMITTED.value
-                and txn_id not in committed
-            ):
-                verdict.orphaned.append(
-                    f"{sink_id}/{txn_id} COMMITTED in the coordinator but not in the sink"
-                )
-        batches = Counter(_EPOCH_SUFFIX.sub("", t) for t in committed)
-        for batch, n in sorted(batches.items()):
-            if n > 1:
-                verdict.double_committed.append(
-                    f"{sink.sink_id}: batch {batch} committed by {n} attempts: "
-                    f"{sorted(t for t in committed if _EPOCH_SUFFIX.sub('', t) == batch)}"
-                )
-        for txn_id in sorted(sink.staged_txn_ids()):
-            known = states.get((sink.sink_id, txn_id))
-            detail = (
-                f"{sink.sink_id}: staged transaction {txn_id} "
-                f"({known or 'unknown to the coordinator'})"
-            )
-            match = _TXN_ID.match(txn_id)
-            if (
-                known is None
-                and match is not None
-                and match["stage"] in epochs
-                and int(match["epoch"]) < epochs[match["stage"]]
-            ):
-                detail += f", sealed by a stale attempt (epoch {match['epoch']})"
-            verdict.leaked.append(detail)
+        _check_sink_commits(sink, states, verdict)
+        _check_staged(sink, states, epochs, verdict)
 
 
 def check_table_sinks(
@@ -359,15 +392,25 @@ def _files_under(storage: CheckpointStorage, fs_dir: str) -> list[str]:
         return []
 
 
-def _restorable(
-    storage: CheckpointStorage, key: str, cid: int, path: str, verdict: Verdict
+def _check_state_data(
+    storage: CheckpointStorage, key: str, raw: bytes, name: str, where: str, verdict: Verdict
 ) -> None:
-    label = f"checkpoint {cid} ({path})"
+    """A JSON state whose ``path`` names a data directory: that directory must exist."""
     try:
-        record = storage.read_checkpoint(path)
-    except FinalCheckpointError as exc:
-        verdict.broken.append(f"{label}: {exc}")
+        doc = json.loads(raw)
+    except ValueError:
         return
+    data_dir = doc.get("path") if isinstance(doc, dict) else None
+    if isinstance(data_dir, str) and not storage.fs.exists(
+        storage.fs._strip_protocol(storage.resolve_handle(key, data_dir))
+    ):
+        verdict.broken.append(f"{where}: state {name!r} data {data_dir} is missing")
+
+
+def _check_states(
+    storage: CheckpointStorage, key: str, label: str, record: CheckpointRecord, verdict: Verdict
+) -> None:
+    """Every state file of every stage reads (with its checksum), and what it points at exists."""
     for sid, rec in sorted(record.stages.items()):
         for handle in rec.state:
             try:
@@ -375,24 +418,19 @@ def _restorable(
             except FinalCheckpointError as exc:
                 verdict.broken.append(f"{label}, stage {sid}: {exc}")
                 continue
-            if handle.name.startswith(OUTPUT_PREFIX):
-                continue
-            try:
-                doc = json.loads(raw)
-            except ValueError:
-                continue
-            data_dir = doc.get("path") if isinstance(doc, dict) else None
-            if isinstance(data_dir, str) and not storage.fs.exists(
-                storage.fs._strip_protocol(storage.resolve_handle(key, data_dir))
-            ):
-                verdict.broken.append(
-                    f"{label}, stage {sid}: state {handle.name!r} data {data_dir} is missing"
-                )
-    try:
-        graph = StageGraph.from_dict(record.graph)
-    except FinalCheckpointError as exc:
-        verdict.broken.append(f"{label}: unreadable graph: {exc}")
-        return
+            if not handle.name.startswith(OUTPUT_PREFIX):
+                _check_state_data(storage, key, raw, handle.name, f"{label}, stage {sid}", verdict)
+
+
+def _check_reread_parts(
+    storage: CheckpointStorage,
+    key: str,
+    label: str,
+    record: CheckpointRecord,
+    graph: StageGraph,
+    verdict: Verdict,
+) -> None:
+    """The upstream output parts a restore of an unfinished stage re-reads must exist."""
     for sid, rec in sorted(record.stages.items()):
         if rec.status is StageStatus.FULLY_FINISHED or sid not in graph:
             continue
@@ -407,6 +445,52 @@ def _restorable(
                         f"{label}: output part {part} of {up}, which a restore of {sid} "
                         f"({rec.status}) re-reads, is missing"
                     )
+
+
+def _restorable(
+    storage: CheckpointStorage, key: str, cid: int, path: str, verdict: Verdict
+) -> None:
+    label = f"checkpoint {cid} ({path})"
+    try:
+        record = storage.read_checkpoint(path)
+    except FinalCheckpointError as exc:
+        verdict.broken.append(f"{label}: {exc}")
+        return
+    _check_states(storage, key, label, record, verdict)
+    try:
+        graph = StageGraph.from_dict(record.graph)
+    except FinalCheckpointError as exc:
+        verdict.broken.append(f"{label}: unreadable graph: {exc}")
+        return
+    _check_reread_parts(storage, key, label, record, graph, verdict)
+
+
+def _checkpoint_dirs(storage: CheckpointStorage, pipeline_dir: str) -> list[tuple[str, int]]:
+    """The ``chk-<id>`` directories in the pipeline's directory, as (name, checkpoint id)."""
+    try:
+        entries = storage.fs.ls(pipeline_dir, detail=False)
+    except FileNotFoundError:
+        entries = []
+    found = []
+    for entry in entries:
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        cid = parse_checkpoint_dir_name(name)
+        if cid is not None:
+            found.append((name, cid))
+    return found
+
+
+def _check_temp_files(
+    storage: CheckpointStorage, pipeline_dir: str, sink_roots: Sequence[str], verdict: Verdict
+) -> None:
+    """No temporary file of an atomic write, in checkpoint storage or under a sink, is left."""
+    for path in _files_under(storage, pipeline_dir):
+        if TEMP_MARKER in path.rsplit("/", 1)[-1]:
+            verdict.leaked.append(f"temporary file {path[len(pipeline_dir) + 1 :]}")
+    for root in sink_roots:
+        for path in _files_under(storage, root):
+            if SINK_TEMP_MARKER in path.rsplit("/", 1)[-1]:
+                verdict.leaked.append(f"sink temporary file {path}")
 
 
 def check_storage(
@@ -424,16 +508,8 @@ def check_storage(
         if info.state is CheckpointState.COMPLETED and info.metadata_path
     }
     pipeline_dir = str(storage.fs._strip_protocol(storage.pipeline_dir(key))).rstrip("/")
-    try:
-        entries = storage.fs.ls(pipeline_dir, detail=False)
-    except FileNotFoundError:
-        entries = []
     seen: set[int] = set()
-    for entry in entries:
-        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
-        cid = parse_checkpoint_dir_name(name)
-        if cid is None:
-            continue
+    for name, cid in _checkpoint_dirs(storage, pipeline_dir):
         seen.add(cid)
         if cid not in retained:
             info = infos.get(cid)
@@ -446,13 +522,7 @@ def check_storage(
             continue
         assert info.metadata_path is not None
         _restorable(storage, key, cid, info.metadata_path, verdict)
-    for path in _files_under(storage, pipeline_dir):
-        if TEMP_MARKER in path.rsplit("/", 1)[-1]:
-            verdict.leaked.append(f"temporary file {path[len(pipeline_dir) + 1 :]}")
-    for root in sink_roots:
-        for path in _files_under(storage, root):
-            if SINK_TEMP_MARKER in path.rsplit("/", 1)[-1]:
-                verdict.leaked.append(f"sink temporary file {path}")
+    _check_temp_files(storage, pipeline_dir, sink_roots, verdict)
 
 
 def garbage_units(coordinator: Coordinator, storage: CheckpointStorage) -> int | None:
