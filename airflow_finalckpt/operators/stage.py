@@ -29,7 +29,7 @@ from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_dr
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators.failures import fail_permanent_errors
-from airflow_finalckpt.plugins.pages import PipelinePageLink
+from airflow_finalckpt.operators.links import PipelinePageLink
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
     CommitMode,

@@ -14,7 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
-#: (file to add in the copy, its source, the contract it breaks)
+ACYCLIC = "no import cycles between sibling modules or packages of the product"
+#: cases that also close a cycle: the store imports core, the example DAG the operator
+ALSO_A_CYCLE = frozenset({"core-imports-store", "product-imports-examples"})
+
+#: (file to add in the copy, or to append to if it exists; its source; the contract it breaks)
 PLANTED = {
     "core-imports-sqlalchemy": (
         "airflow_finalckpt/core/planted.py",
@@ -51,7 +55,27 @@ PLANTED = {
         "import faults.campaign\n",
         "the fault harness has no import cycles",
     ),
+    # the plugin imports the operator side (plugins.links -> operators): the way back closes one
+    "product-cycle": (
+        "airflow_finalckpt/operators/planted.py",
+        "from airflow_finalckpt.plugins.finalckpt_plugin import FinalCheckpointPlugin\n",
+        ACYCLIC,
+    ),
+    # one level down: storage.checkpoint_storage imports storage.savepoint_files, whose type-hint
+    # import of checkpoint_storage made real (even inside a function) closes one
+    "nested-product-cycle": (
+        "airflow_finalckpt/storage/savepoint_files.py",
+        "\n\ndef planted() -> None:\n    import airflow_finalckpt.storage.checkpoint_storage\n",
+        ACYCLIC,
+    ),
 }
+
+#: imports the acyclic contract does not count: type hints only (never executed)
+TYPE_HINT_ONLY = (
+    "airflow_finalckpt/operators/planted.py",
+    "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+    "    from airflow_finalckpt.plugins.finalckpt_plugin import FinalCheckpointPlugin\n",
+)
 
 
 def _importlinter_config() -> str:
@@ -104,8 +128,22 @@ def test_planted_violation_fails(case: str, template: Path, tmp_path: Path) -> N
     relpath, source, contract = PLANTED[case]
     copy = tmp_path / "src"
     shutil.copytree(template, copy)
-    (copy / relpath).write_text(source)
+    target = copy / relpath
+    target.write_text((target.read_text() if target.exists() else "") + source)
     result = _lint(copy)
     assert result.returncode != 0, result.stdout
     broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
-    assert len(broken) == 1 and broken[0].startswith(contract), result.stdout
+    assert len(broken) == 1 + (case in ALSO_A_CYCLE), result.stdout
+    assert broken[0].startswith(contract), result.stdout
+    if case in ALSO_A_CYCLE:
+        assert broken[1].startswith(ACYCLIC), result.stdout
+
+
+def test_a_type_hint_only_import_closes_no_cycle(template: Path, tmp_path: Path) -> None:
+    relpath, source = TYPE_HINT_ONLY
+    copy = tmp_path / "src"
+    shutil.copytree(template, copy)
+    (copy / relpath).write_text(source)
+    result = _lint(copy)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout

@@ -2,8 +2,9 @@
 
 The pipeline page is the plugin's external view on Airflow's DAG-run page
 (``/dags/<dag_id>/runs/<run_id>/plugin/finalckpt-pipeline``), so a link to it opens inside the
-Airflow UI, next to the run's other tabs. A leaf module: the stage operator carries
-``PipelinePageLink`` and the plugin registers its ``plugins.links.PipelineLink``.
+Airflow UI, next to the run's other tabs. A leaf module on the operator's side, so imports run
+one way: the stage operator carries ``PipelinePageLink``, and the plugin (which imports this
+module, never the other way round) registers its subclass ``plugins.links.PipelineLink``.
 """
 
 from __future__ import annotations
@@ -47,4 +48,5 @@ class PipelinePageLink(BaseOperatorLink):
     name = "Pipeline"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        """The page of the task's DAG run (the same page for every stage of the run)."""
         return pipeline_page_url(ti_key.dag_id, ti_key.run_id)
