@@ -39,10 +39,16 @@ def _watermark(value: int | None) -> str | int | None:
     return "+inf" if value == MAX_WATERMARK else value
 
 
-def record_to_json(record: CheckpointRecord, *, path: str | None = None) -> dict[str, Any]:
-    """The ``show --json`` document: stable keys, per-stage ``status`` and ``finished_splits``."""
+def record_to_json(
+    record: CheckpointRecord, *, path: str | None = None, version: int | None = None
+) -> dict[str, Any]:
+    """The ``show --json`` document: stable keys, the metadata format version, per-stage
+    ``status``, ``finished_count`` and ``finished_splits`` (empty for a fully finished stage
+    of metadata version 2, which keeps only the count).
+    """
     return {
         "path": path,
+        "metadata_version": version,
         "pipeline_key": record.pipeline_key,
         "checkpoint_id": record.checkpoint_id,
         "kind": record.kind.value,
@@ -54,6 +60,7 @@ def record_to_json(record: CheckpointRecord, *, path: str | None = None) -> dict
             {
                 "stage_id": stage.stage_id,
                 "status": stage.status.value,
+                "finished_count": stage.done_splits,
                 "finished_splits": sorted(stage.finished_splits),
                 "state_files": len(stage.state),
                 "state_bytes": sum(h.size for h in stage.state),
@@ -174,17 +181,18 @@ def show_checkpoint(
             else:
                 path = target
                 storage = _storage_for_path(target)
-            record = storage.read_checkpoint(path)
+            record, version = storage.read_checkpoint_versioned(path)
         except FinalCheckpointError as exc:
             _fail(str(exc), EXIT_ERROR)
-    doc = record_to_json(record, path=path)
+    doc = record_to_json(record, path=path, version=version)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     console = _console()
     console.print(
         f"checkpoint {record.checkpoint_id} of {record.pipeline_key} ({record.kind.value}, "
-        f"{record.reason.value}), completed {_when(record.completed_at)}"
+        f"{record.reason.value}), completed {_when(record.completed_at)}, "
+        f"metadata format version {version}"
     )
     table = Table()
     for column in ("stage", "status", "finished splits", "state", "pending txns", "watermark"):
@@ -193,7 +201,7 @@ def show_checkpoint(
         table.add_row(
             stage["stage_id"],
             stage["status"],
-            str(len(stage["finished_splits"])),
+            "?" if stage["finished_count"] is None else str(stage["finished_count"]),
             f"{stage['state_files']} files, {stage['state_bytes']} B",
             str(len(stage["pending_transactions"])),
             str(stage["watermark"]),

@@ -164,16 +164,15 @@ class Checkpointing:
         """Complete a fully acknowledged checkpoint; False if writing its metadata failed."""
         info = tx.rows.checkpoint(checkpoint_id)
         acks = tx.rows.acks(checkpoint_id)
-        rows = tx.rows.stage_rows()
-        uncommitted = {
-            sid: tx.rows.uncommitted(sid) for sid in rules.needs_transactions(info.plan, acks)
-        }
+        # Reads only what the record holds: of finished stages their end (never their finished
+        # split ids), of unfinished ones their progress, transactions in one query.
         record = rules.build_record(
             self.key,
             info,
             acks,
-            rows,
-            uncommitted,
+            tx.rows.finished_ends(),
+            tx.rows.unfinished_progress(),
+            tx.rows.uncommitted_of(rules.needs_transactions(info.plan, acks)),
             tx.rows.graph_data(),
             tx.rows.fingerprint,
             self.clock(),

@@ -161,8 +161,10 @@ class StageProgress(_Frozen):
 class StageCheckpointRecord(_Frozen):
     """One stage inside a completed checkpoint.
 
-    FULLY_FINISHED stages carry no state, only the flag, their end_of_data (re-published on
-    restore) and the transactions they pre-committed but may not have committed yet.
+    FULLY_FINISHED stages carry no state and (since metadata format version 2) no split ids,
+    only the flag, their end_of_data (re-published on restore), the transactions they
+    pre-committed but may not have committed yet, and ``finished_count``: how many splits
+    they finished (None: not known; other statuses count their ``finished_splits``).
     """
 
     stage_id: str
@@ -172,10 +174,29 @@ class StageCheckpointRecord(_Frozen):
     pending_transactions: tuple[SinkTransaction, ...] = ()
     watermark: int | None = None
     end_of_data: EndOfData | None = None
+    finished_count: int | None = Field(default=None, ge=0)
 
     @field_serializer("finished_splits")
     def _sorted_splits(self, splits: frozenset[str]) -> list[str]:
         return sorted(splits)
+
+    @property
+    def done_splits(self) -> int | None:
+        """How many splits the stage finished (what views show); None: not known."""
+        if self.finished_splits or self.status is not StageStatus.FULLY_FINISHED:
+            return len(self.finished_splits)
+        return self.finished_count
+
+
+class FinishedStageEnd(_Frozen):
+    """What a checkpoint records of a stage finished before it was triggered, read without
+    its finished split ids: its end_of_data, final watermark and how many splits it finished
+    (declared splits minus those a drain left unread; None: the stage declared none).
+    """
+
+    end_of_data: EndOfData | None = None
+    watermark: int | None = None
+    finished_count: int | None = Field(default=None, ge=0)
 
 
 class CheckpointRecord(_Frozen):

@@ -15,6 +15,7 @@ from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointRecord,
     CheckpointState,
+    FinishedStageEnd,
     SinkTransaction,
     StageCheckpointRecord,
     StageLifecycle,
@@ -128,15 +129,17 @@ def acked_status(ack: AckRow) -> StageStatus:
 
 
 def stage_record(stage_id: str, status: StageStatus, snap: StageSnapshot) -> StageCheckpointRecord:
-    """One stage in a completed checkpoint: a fully finished one carries no state."""
+    """One stage in a completed checkpoint: a fully finished one is a flag with its end_of_data,
+    transactions and finished split count; no state, no split ids.
+    """
     if status is StageStatus.FULLY_FINISHED:
         return StageCheckpointRecord(
             stage_id=stage_id,
             status=status,
-            finished_splits=snap.finished_splits,
             pending_transactions=snap.pending_transactions,
             watermark=snap.watermark,
             end_of_data=snap.end_of_data,
+            finished_count=len(snap.finished_splits),
         )
     return StageCheckpointRecord(
         stage_id=stage_id,
@@ -148,30 +151,45 @@ def stage_record(stage_id: str, status: StageStatus, snap: StageSnapshot) -> Sta
     )
 
 
+def finished_stage_record(
+    stage_id: str, end: FinishedStageEnd | None, uncommitted: Sequence[SinkTransaction]
+) -> StageCheckpointRecord:
+    """A stage finished before the checkpoint was triggered: from its end alone."""
+    end = end or FinishedStageEnd()
+    return StageCheckpointRecord(
+        stage_id=stage_id,
+        status=StageStatus.FULLY_FINISHED,
+        pending_transactions=tuple(uncommitted),
+        watermark=end.watermark,
+        end_of_data=end.end_of_data,
+        finished_count=end.finished_count,
+    )
+
+
 def build_record(
     pipeline_key: str,
     checkpoint: CheckpointInfo,
     acks: Mapping[str, AckRow],
-    rows: Mapping[str, StageRow],
+    finished: Mapping[str, FinishedStageEnd],
+    progress: Mapping[str, StageSnapshot],
     uncommitted: Mapping[str, Sequence[SinkTransaction]],
     graph: Mapping[str, object],
     fingerprint: str,
     now: float,
 ) -> CheckpointRecord:
     """The ``_metadata`` of a fully acknowledged checkpoint: acknowledged stages as they
-    answered, finished ones from their final snapshot, the others from their progress.
+    answered, stages finished before the trigger from their end (``finished``: no split ids,
+    no state) and uncommitted transactions, the others from their ``progress``.
     """
     stages: dict[str, StageCheckpointRecord] = {}
     for sid, status in checkpoint.plan.statuses.items():
         ack = acks.get(sid)
         if ack is not None:
-            status, snap = acked_status(ack), ack.snapshot
+            stages[sid] = stage_record(sid, acked_status(ack), ack.snapshot)
         elif status is StageStatus.FULLY_FINISHED:
-            final = rows[sid].final_snapshot or StageSnapshot()
-            snap = final.model_copy(update={"pending_transactions": tuple(uncommitted[sid])})
+            stages[sid] = finished_stage_record(sid, finished.get(sid), uncommitted.get(sid, ()))
         else:  # NOT_STARTED, or restored progress of a stage not yet started again
-            snap = rows[sid].progress if sid in rows else StageSnapshot()
-        stages[sid] = stage_record(sid, status, snap)
+            stages[sid] = stage_record(sid, status, progress.get(sid, StageSnapshot()))
     return CheckpointRecord(
         pipeline_key=pipeline_key,
         checkpoint_id=checkpoint.checkpoint_id,

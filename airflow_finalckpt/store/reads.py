@@ -18,8 +18,11 @@ from airflow_finalckpt.core.errors import (
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointState,
+    EndOfData,
+    FinishedStageEnd,
     SinkTransaction,
     StageLifecycle,
+    StageSnapshot,
     TransactionState,
 )
 from airflow_finalckpt.core.views import (
@@ -489,3 +492,60 @@ class StoreReader:
             (int(cid), AckRow(str(sid), bool(by_finish), parse_snapshot(snapshot)))
             for cid, sid, by_finish, snapshot in self.conn.execute(query).all()
         ]
+
+    # ------------------------------------------------------------------ completion (metadata v2)
+
+    def finished_ends(self) -> dict[str, FinishedStageEnd]:
+        """Of every FINISHED or CLOSED stage, what a checkpoint records of it: the end_of_data
+        and watermark of its final snapshot through JSON paths (its finished split ids are
+        never read) and its finished split count from ``total_splits``.
+        """
+        s = t.stages.c
+        final = s.final_snapshot
+        rows = self.conn.execute(
+            select(s.stage_id, s.total_splits, final["end_of_data"], final["watermark"]).where(
+                s.pipeline_key == self.key, s.lifecycle.in_(FINISHED_STATES)
+            )
+        ).all()
+        return {str(sid): finished_end(total, eod, wm) for sid, total, eod, wm in rows}
+
+    def unfinished_progress(self) -> dict[str, StageSnapshot]:
+        """The durable progress of every stage that has not finished, by stage id."""
+        s = t.stages.c
+        rows = self.conn.execute(
+            select(s.stage_id, s.progress).where(
+                s.pipeline_key == self.key, s.lifecycle.not_in(FINISHED_STATES)
+            )
+        ).all()
+        return {str(sid): parse_snapshot(data) for sid, data in rows}
+
+    def uncommitted_of(self, stage_ids: Collection[str]) -> dict[str, list[SinkTransaction]]:
+        """The pre-committed transactions of ``stage_ids`` (each by sink and transaction id),
+        in one query.
+        """
+        wanted = set(stage_ids)
+        found: dict[str, list[SinkTransaction]] = {sid: [] for sid in wanted}
+        if not wanted:
+            return found
+        x = t.transactions.c
+        rows = self.conn.execute(
+            select(t.transactions)
+            .where(x.pipeline_key == self.key, x.state == TransactionState.PRECOMMITTED.value)
+            .order_by(x.stage_id, x.sink_id, x.txn_id)
+        ).mappings()
+        for row in rows:
+            if row["stage_id"] in wanted:
+                found[row["stage_id"]].append(r.sink_transaction(row))
+        return found
+
+
+#: Lifecycles of a stage whose finish() ran.
+FINISHED_STATES = (StageLifecycle.FINISHED.value, StageLifecycle.CLOSED.value)
+
+
+def finished_end(total_splits: int | None, eod: Any, watermark: Any) -> FinishedStageEnd:
+    """A finished stage's end as the JSON paths of its final snapshot read it."""
+    end = None if eod is None else EndOfData.model_validate(eod)
+    unread = end.unread_splits if end is not None else 0
+    count = None if total_splits is None else max(0, total_splits - unread)
+    return FinishedStageEnd(end_of_data=end, watermark=watermark, finished_count=count)

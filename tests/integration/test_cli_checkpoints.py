@@ -53,9 +53,13 @@ def test_show_path_json_prints_every_stage_status(written: tuple[str, str, Coord
     by_stage = {s["stage_id"]: s for s in doc["stages"]}
     assert {s["status"] for s in doc["stages"]} <= STATUSES
     assert by_stage["ingest"]["status"] == "FULLY_FINISHED"
-    assert by_stage["ingest"]["finished_splits"] == ["d1", "d2"]
+    assert doc["metadata_version"] == 2
+    # metadata v2: a fully finished stage is a flag and a count, not its split ids
+    assert by_stage["ingest"]["finished_splits"] == []
+    assert by_stage["ingest"]["finished_count"] == 2
     assert by_stage["enrich"]["status"] == "PARTIALLY_FINISHED"
     assert by_stage["enrich"]["finished_splits"] == ["d1"]
+    assert by_stage["enrich"]["finished_count"] == 1
     assert by_stage["side"]["status"] == "RUNNING"
     assert by_stage["windows"]["status"] == "NOT_STARTED"
     assert by_stage["windows"]["finished_splits"] == []

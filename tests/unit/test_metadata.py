@@ -1,4 +1,5 @@
-"""Checkpoint metadata format: round trips, golden v1 files, version upgrades, clear errors."""
+"""Checkpoint metadata format: round trips, golden v1 files read through the v1->v2 upgrade,
+version upgrades, clear errors. (The v2 body and its compact values: test_metadata_v2.py.)"""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ from airflow_finalckpt.core.metadata import (
     FORMAT_TAG,
     BodyVersion,
     MetadataFormat,
+    as_kept,
     dump_metadata,
     load_metadata,
 )
 from airflow_finalckpt.core.metadata.codec import body_to_record, record_to_body
+from airflow_finalckpt.core.metadata.compact import unpack_json
 from airflow_finalckpt.core.metadata.v1 import CheckpointBodyV1
+from airflow_finalckpt.core.metadata.v2 import CheckpointBodyV2
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
     MIN_WATERMARK,
@@ -189,9 +193,10 @@ GOLDEN_FILES = {
 }
 
 
-def write_golden_files() -> None:  # pragma: no cover - run by hand once per format version
-    for name, build in GOLDEN_FILES.items():
-        (GOLDEN_V1 / name).write_bytes(dump_metadata(build()))
+def v1_document(name: str = "savepoint_all_statuses.json") -> dict[str, Any]:
+    """A golden v1 file as JSON (the v1 files were written once by version 1's writer)."""
+    document: dict[str, Any] = json.loads((GOLDEN_V1 / name).read_bytes())
+    return document
 
 
 # -- helpers to craft documents -------------------------------------------------------------
@@ -236,7 +241,7 @@ def test_round_trip_every_kind_and_status(kind: CheckpointKind, status: StageSta
     )
     record = make_record(kind=kind, stages={"s1": stage})
     loaded = load_metadata(dump_metadata(record))
-    assert loaded == record
+    assert loaded == as_kept(record)
     assert loaded.kind is kind
     assert loaded.stages["s1"].status is status
 
@@ -319,7 +324,7 @@ def records(draw: st.DrawFn) -> CheckpointRecord:
 @given(records())
 def test_generated_records_round_trip(record: CheckpointRecord) -> None:
     data = dump_metadata(record)
-    assert load_metadata(data) == record
+    assert load_metadata(data) == as_kept(record)
     assert dump_metadata(load_metadata(data)) == data
 
 
@@ -348,27 +353,29 @@ def test_file_is_a_self_describing_json_document() -> None:
     document = json.loads(dump_metadata(record))
     assert list(document) == ["format", "version", "sha256", "body"]
     assert document["format"] == "airflow-finalckpt/checkpoint-metadata" == FORMAT_TAG
-    assert document["version"] == CURRENT_VERSION == 1
+    assert document["version"] == CURRENT_VERSION == 2
     assert document["sha256"] == independent_checksum(document["body"])
     body = document["body"]
     assert body["pipeline_key"] == "orders_daily.v2"
     assert body["checkpoint_id"] == 42
     assert body["kind"] == "savepoint"
     assert body["reason"] == "savepoint"
-    assert body["graph"] == record.graph
+    assert unpack_json(body["graph"]) == record.graph
     assert body["graph_fingerprint"] == record.graph_fingerprint
-    assert list(body["stages"]) == ["aggregate", "enrich", "extract", "publish"]
-    extract = body["stages"]["extract"]
-    assert extract["status"] == "FULLY_FINISHED"
-    assert extract["finished_splits"] == ["part-0000", "part-0001"]
-    assert extract["end_of_data"]["watermark"] == MAX_WATERMARK
+    # fully finished stages: a flag, end_of_data and a count, no split ids
+    finished = unpack_json(body["fully_finished"])
+    assert list(finished) == ["extract"]
+    assert finished["extract"]["finished_count"] == 2
+    assert "finished_splits" not in finished["extract"]
+    assert finished["extract"]["end_of_data"]["watermark"] == MAX_WATERMARK
+    assert sorted(body["stages"]) == ["aggregate", "enrich"]
     assert body["stages"]["enrich"]["state"][0] == {
         "name": "window-state",
         "path": "chk-42/enrich/state-0.json",
         "size": 2048,
         "sha256": sha("enrich state"),
     }
-    assert body["stages"]["publish"]["status"] == "NOT_STARTED"
+    assert body["not_started"] == ["publish"]
 
 
 # -- golden v1 files ------------------------------------------------------------------------
@@ -378,7 +385,7 @@ def test_file_is_a_self_describing_json_document() -> None:
 def test_golden_v1_file_still_loads(name: str) -> None:
     data = (GOLDEN_V1 / name).read_bytes()
     assert json.loads(data)["version"] == 1
-    assert load_metadata(data, source=name) == GOLDEN_FILES[name]()
+    assert load_metadata(data, source=name) == as_kept(GOLDEN_FILES[name]())
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_FILES))
@@ -390,83 +397,85 @@ def test_v1_schema_is_frozen(name: str) -> None:
     assert independent_checksum(reencoded) == independent_checksum(body)
 
 
-# -- the extension path: a test-only version 2 ----------------------------------------------
+# -- the extension path: a test-only version 3 ----------------------------------------------
 
 
-class CheckpointBodyV2(CheckpointBodyV1):
-    """Version 1 plus one field; a real v2 would live in core/metadata/v2.py."""
+class CheckpointBodyV3(CheckpointBodyV2):
+    """Version 2 plus one field; a real v3 would live in core/metadata/v3.py."""
 
     written_by: str
 
 
-UPGRADED_MARK = "unknown (upgraded from v1)"
+UPGRADED_MARK = "unknown (upgraded from v2)"
 
 
-def upgrade_v1_to_v2(body: CheckpointBodyV1) -> CheckpointBodyV2:
-    return CheckpointBodyV2(**body.model_dump(), written_by=UPGRADED_MARK)
+def upgrade_v2_to_v3(body: CheckpointBodyV2) -> CheckpointBodyV3:
+    return CheckpointBodyV3.model_validate({**body.model_dump(), "written_by": UPGRADED_MARK})
 
 
-def encode_v2(record: CheckpointRecord) -> CheckpointBodyV2:
-    return CheckpointBodyV2(**record_to_body(record).model_dump(), written_by="test-writer")
+def encode_v3(record: CheckpointRecord) -> CheckpointBodyV3:
+    return CheckpointBodyV3.model_validate(
+        {**record_to_body(record).model_dump(), "written_by": "test-writer"}
+    )
 
 
-def decode_v2(body: CheckpointBodyV2) -> CheckpointRecord:
-    return body_to_record(CheckpointBodyV1(**body.model_dump(exclude={"written_by"})))
+def decode_v3(body: CheckpointBodyV3) -> CheckpointRecord:
+    return body_to_record(CheckpointBodyV2.model_validate(body.model_dump(exclude={"written_by"})))
 
 
-V2_FORMAT = DEFAULT_FORMAT.extended(
-    BodyVersion(2, CheckpointBodyV2, upgrade_v1_to_v2), encode=encode_v2, decode=decode_v2
+V3_FORMAT = DEFAULT_FORMAT.extended(
+    BodyVersion(3, CheckpointBodyV3, upgrade_v2_to_v3), encode=encode_v3, decode=decode_v3
 )
 
 
-def test_a_v2_reader_reads_the_golden_v1_files_through_the_upgrade() -> None:
+def test_a_v3_reader_reads_the_golden_v1_files_through_both_upgrades() -> None:
     for name, build in GOLDEN_FILES.items():
         data = (GOLDEN_V1 / name).read_bytes()
-        body, written_in = V2_FORMAT.read_body(data, source=name)
+        body, written_in = V3_FORMAT.read_body(data, source=name)
         assert written_in == 1
-        assert isinstance(body, CheckpointBodyV2)
+        assert isinstance(body, CheckpointBodyV3)
         assert body.written_by == UPGRADED_MARK
-        assert V2_FORMAT.load(data, source=name) == build()
+        assert V3_FORMAT.load(data, source=name) == as_kept(build())
 
 
-def test_a_v2_writer_writes_v2_and_reads_it_back() -> None:
+def test_a_v3_writer_writes_v3_and_reads_it_back() -> None:
     record = golden_savepoint_all_statuses()
-    data = V2_FORMAT.dump(record)
+    data = V3_FORMAT.dump(record)
     document = json.loads(data)
-    assert document["version"] == 2
+    assert document["version"] == 3
     assert document["body"]["written_by"] == "test-writer"
-    assert V2_FORMAT.load(data) == record
-    body, written_in = V2_FORMAT.read_body(data, source="<v2>")
-    assert written_in == 2
-    assert isinstance(body, CheckpointBodyV2)
+    assert V3_FORMAT.load(data) == as_kept(record)
+    body, written_in = V3_FORMAT.read_body(data, source="<v3>")
+    assert written_in == 3
+    assert isinstance(body, CheckpointBodyV3)
     assert body.written_by == "test-writer"
 
 
-def test_a_v1_reader_refuses_a_v2_file_asking_for_an_upgrade() -> None:
-    data = V2_FORMAT.dump(golden_drained_savepoint())
+def test_a_v2_reader_refuses_a_v3_file_asking_for_an_upgrade() -> None:
+    data = V3_FORMAT.dump(golden_drained_savepoint())
     with pytest.raises(UnsupportedMetadataVersionError) as caught:
         load_metadata(data, source="s3://b/clicks/chk-9/_metadata")
     assert str(caught.value) == (
         "checkpoint metadata s3://b/clicks/chk-9/_metadata was written in metadata format "
-        "version 2, this airflow-finalckpt reads versions 1..1; upgrade airflow-finalckpt"
+        "version 3, this airflow-finalckpt reads versions 1..2; upgrade airflow-finalckpt"
     )
 
 
 def test_extending_a_format_leaves_the_original_unchanged() -> None:
-    assert DEFAULT_FORMAT.current_version == 1
-    assert V2_FORMAT.current_version == 2
-    assert V2_FORMAT.oldest_version == 1
+    assert DEFAULT_FORMAT.current_version == 2
+    assert V3_FORMAT.current_version == 3
+    assert V3_FORMAT.oldest_version == 1
 
 
 def test_a_failing_upgrade_is_a_metadata_error_naming_the_step() -> None:
-    def refuse(body: CheckpointBodyV1) -> CheckpointBodyV2:
+    def refuse(body: CheckpointBodyV2) -> CheckpointBodyV3:
         raise ValueError("graph cannot be converted")
 
     fmt = DEFAULT_FORMAT.extended(
-        BodyVersion(2, CheckpointBodyV2, refuse), encode=encode_v2, decode=decode_v2
+        BodyVersion(3, CheckpointBodyV3, refuse), encode=encode_v3, decode=decode_v3
     )
     message = load_error(dump_metadata(golden_drained_savepoint()), fmt)
-    assert "cannot be upgraded from version 1 to 2" in message
+    assert "cannot be upgraded from version 2 to 3" in message
     assert "graph cannot be converted" in message
 
 
@@ -474,21 +483,21 @@ def test_a_failing_upgrade_is_a_metadata_error_naming_the_step() -> None:
     ("versions", "problem"),
     [
         ((), "at least one version"),
-        ((BodyVersion(2, CheckpointBodyV2, upgrade_v1_to_v2),), "position 1 holds version 2"),
-        ((BodyVersion(1, CheckpointBodyV1, upgrade_v1_to_v2),), "no previous version"),
+        ((BodyVersion(2, CheckpointBodyV3, upgrade_v2_to_v3),), "position 1 holds version 2"),
+        ((BodyVersion(1, CheckpointBodyV1, upgrade_v2_to_v3),), "no previous version"),
         (
-            (BodyVersion(1, CheckpointBodyV1), BodyVersion(2, CheckpointBodyV2)),
+            (BodyVersion(1, CheckpointBodyV1), BodyVersion(2, CheckpointBodyV3)),
             "needs an upgrade function from version 1",
         ),
         (
-            (BodyVersion(1, CheckpointBodyV1), BodyVersion(3, CheckpointBodyV2, upgrade_v1_to_v2)),
+            (BodyVersion(1, CheckpointBodyV1), BodyVersion(3, CheckpointBodyV3, upgrade_v2_to_v3)),
             "position 2 holds version 3",
         ),
     ],
 )
 def test_a_broken_version_chain_is_refused(versions: tuple[BodyVersion, ...], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
-        MetadataFormat(versions=versions, encode=encode_v2, decode=decode_v2)
+        MetadataFormat(versions=versions, encode=encode_v3, decode=decode_v3)
 
 
 # -- bad input: every failure is a MetadataError naming the source and the problem ----------
@@ -501,7 +510,7 @@ def test_future_version_is_refused_with_an_upgrade_hint() -> None:
         load_metadata(json.dumps(document).encode(), source="/ckpt/clicks/chk-9/_metadata")
     assert str(caught.value) == (
         "checkpoint metadata /ckpt/clicks/chk-9/_metadata was written in metadata format "
-        "version 7, this airflow-finalckpt reads versions 1..1; upgrade airflow-finalckpt"
+        "version 7, this airflow-finalckpt reads versions 1..2; upgrade airflow-finalckpt"
     )
 
 
@@ -615,7 +624,7 @@ def test_envelope_with_non_string_checksum_is_refused() -> None:
 
 
 def mutate_body(path: list[str], value: Any) -> dict[str, Any]:
-    document = document_of(golden_savepoint_all_statuses())
+    document = v1_document()
     target = document["body"]
     for key in path[:-1]:
         target = target[key]
@@ -657,7 +666,7 @@ def test_schema_violation_names_the_field(path: list[Any], value: Any, problem: 
 
 
 def test_many_schema_violations_are_summarised() -> None:
-    document = document_of(golden_savepoint_all_statuses())
+    document = v1_document()
     for stage in document["body"]["stages"].values():
         stage["status"] = "?"
     document["body"]["kind"] = "?"
@@ -675,7 +684,7 @@ def test_many_schema_violations_are_summarised() -> None:
     [
         (make_record(triggered_at=float("inf")), "body.triggered_at"),
         (make_record(completed_at=float("nan")), "body.completed_at"),
-        (make_record(graph={"stages": {1, 2}}), "body.graph.stages"),
+        (make_record(graph={"stages": {1, 2}}), "body.graph"),
         (
             make_record(
                 stages={

@@ -18,6 +18,7 @@ from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointState,
     EndOfData,
+    FinishedStageEnd,
     SinkTransaction,
     StageLifecycle,
     StageSnapshot,
@@ -217,13 +218,23 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
         "partial": AckRow("partial", False, StageSnapshot(finished_splits=frozenset({"p"}))),
         "running": AckRow("running", False, StageSnapshot(state=(handle,))),
     }
-    rows = {
-        "fin": row("fin", StageLifecycle.FINISHED, threshold=2, final=final),
-        "fresh": row("fresh", StageLifecycle.NOT_STARTED, splits=("restored",)),
+    finished = {
+        "fin": FinishedStageEnd(
+            end_of_data=final.end_of_data, watermark=final.watermark, finished_count=2
+        )
     }
+    progress = {"fresh": StageSnapshot(finished_splits=frozenset({"restored"}))}
     assert rules.needs_transactions(info(statuses).plan, acks) == ["fin"]
     record = rules.build_record(
-        "key", info(statuses), acks, rows, {"fin": [txn("t", 2)]}, {"g": 1}, "fp", 200.0
+        "key",
+        info(statuses),
+        acks,
+        finished,
+        progress,
+        {"fin": [txn("t", 2)]},
+        {"g": 1},
+        "fp",
+        200.0,
     )
     stages = record.stages
     assert {sid: s.status for sid, s in stages.items()} == {
@@ -237,6 +248,10 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
     assert stages["fin"].state == () and stages["fin"].end_of_data == final.end_of_data
     assert [x.txn_id for x in stages["fin"].pending_transactions] == ["t"]
     assert stages["byfinish"].state == ()
+    # ... and no split ids: a count (metadata v2 stores a flag, not the finished splits)
+    assert stages["fin"].finished_splits == frozenset() and stages["fin"].done_splits == 2
+    assert stages["byfinish"].finished_splits == frozenset()
+    assert stages["byfinish"].done_splits == 2
     assert stages["running"].state == (handle,)
     assert stages["fresh"].finished_splits == {"restored"}
     assert (record.checkpoint_id, record.triggered_at, record.completed_at) == (3, 100.0, 200.0)

@@ -1,7 +1,9 @@
-"""Mapping between the in-memory CheckpointRecord and the body of the *current* format version.
+"""Mapping between the in-memory CheckpointRecord and the body of the *current* format version
+(2). Only the current version needs this mapping: older versions reach it through the upgrade
+chain (``v2.upgrade_v1_to_v2``); v1.py stays as it is.
 
-Only the current version needs this mapping: older versions reach it through the upgrade chain.
-When a version 2 is added, this module switches to the version 2 body and v1.py stays as is.
+Version 2 keeps of a FULLY_FINISHED stage only the flag, its end_of_data, transactions, final
+watermark and finished split count (:func:`as_kept`): what restore and every view use.
 """
 
 from __future__ import annotations
@@ -9,7 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_finalckpt.core.errors import MetadataError
-from airflow_finalckpt.core.metadata.v1 import CheckpointBodyV1, StageV1
+from airflow_finalckpt.core.metadata.compact import (
+    decode_split_set,
+    encode_split_set,
+    pack_json,
+    unpack_json,
+)
+from airflow_finalckpt.core.metadata.v2 import (
+    FINISHED_STAGES,
+    CheckpointBodyV2,
+    FinishedStageV2,
+    StageV2,
+)
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointRecord,
@@ -22,41 +35,82 @@ from airflow_finalckpt.core.model import (
 )
 
 
-def _stage_to_json(stage: StageCheckpointRecord) -> dict[str, Any]:
-    eod = stage.end_of_data
+def as_kept(record: CheckpointRecord) -> CheckpointRecord:
+    """The record as the current format keeps it: fully finished stages without split ids
+    (their count in ``finished_count``) and without state.
+    """
+    stages = {sid: _kept_stage(stage) for sid, stage in record.stages.items()}
+    return record.model_copy(update={"stages": stages})
+
+
+def _kept_stage(stage: StageCheckpointRecord) -> StageCheckpointRecord:
+    if stage.status is not StageStatus.FULLY_FINISHED:
+        return stage.model_copy(update={"finished_count": None})
+    return stage.model_copy(
+        update={"finished_splits": frozenset(), "state": (), "finished_count": stage.done_splits}
+    )
+
+
+def _transactions_json(stage: StageCheckpointRecord) -> list[dict[str, Any]]:
+    return [
+        {
+            "sink_id": t.sink_id,
+            "txn_id": t.txn_id,
+            "checkpoint_id": t.checkpoint_id,
+            "payload": dict(t.payload),
+        }
+        for t in stage.pending_transactions
+    ]
+
+
+def _end_of_data_json(eod: EndOfData | None) -> dict[str, Any] | None:
+    if eod is None:
+        return None
+    return {
+        "drain": eod.drain,
+        "manifest": list(eod.manifest),
+        "watermark": eod.watermark,
+        "finished_at_checkpoint": eod.finished_at_checkpoint,
+        "unread_splits": eod.unread_splits,
+    }
+
+
+def _finished_json(stage: StageCheckpointRecord) -> dict[str, Any]:
+    return {
+        "finished_count": stage.done_splits,
+        "pending_transactions": _transactions_json(stage),
+        "watermark": stage.watermark,
+        "end_of_data": _end_of_data_json(stage.end_of_data),
+    }
+
+
+def _stage_json(stage: StageCheckpointRecord) -> dict[str, Any]:
+    splits = stage.finished_splits
     return {
         "status": stage.status.value,
-        "finished_splits": sorted(stage.finished_splits),
+        "finished_splits": encode_split_set(splits) if splits else None,
         "state": [
             {"name": h.name, "path": h.path, "size": h.size, "sha256": h.sha256}
             for h in stage.state
         ],
-        "pending_transactions": [
-            {
-                "sink_id": t.sink_id,
-                "txn_id": t.txn_id,
-                "checkpoint_id": t.checkpoint_id,
-                "payload": dict(t.payload),
-            }
-            for t in stage.pending_transactions
-        ],
+        "pending_transactions": _transactions_json(stage),
         "watermark": stage.watermark,
-        "end_of_data": None
-        if eod is None
-        else {
-            "drain": eod.drain,
-            "manifest": list(eod.manifest),
-            "watermark": eod.watermark,
-            "finished_at_checkpoint": eod.finished_at_checkpoint,
-            "unread_splits": eod.unread_splits,
-        },
+        "end_of_data": _end_of_data_json(stage.end_of_data),
     }
 
 
-def record_to_body(record: CheckpointRecord) -> CheckpointBodyV1:
-    """Encode a record; raises pydantic's ValidationError (with full field paths) if it has
-    no JSON form.
-    """
+def _is_bare(stage: StageCheckpointRecord) -> bool:
+    """A NOT_STARTED stage carrying nothing: the body lists only its id."""
+    return stage.status is StageStatus.NOT_STARTED and not (
+        stage.finished_splits
+        or stage.state
+        or stage.pending_transactions
+        or stage.watermark is not None
+        or stage.end_of_data is not None
+    )
+
+
+def _check_keys(record: CheckpointRecord) -> None:
     for key, stage in record.stages.items():
         if stage.stage_id != key:
             raise MetadataError(
@@ -64,45 +118,121 @@ def record_to_body(record: CheckpointRecord) -> CheckpointBodyV1:
                 f"{record.pipeline_key!r}: stages[{key!r}] holds stage {stage.stage_id!r}; "
                 "a stage must be stored under its own stage_id"
             )
-    return CheckpointBodyV1.model_validate(
+
+
+def _packed(record: CheckpointRecord, field: str, value: Any) -> dict[str, Any]:
+    try:
+        return pack_json(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise MetadataError(
+            f"cannot write checkpoint {record.checkpoint_id} of pipeline "
+            f"{record.pipeline_key!r}: body.{field} has no JSON form ({exc})"
+        ) from None
+
+
+def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
+    """Encode a record; raises pydantic's ValidationError (with full field paths) if it has
+    no JSON form.
+    """
+    _check_keys(record)
+    finished: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
+    not_started: list[str] = []
+    for sid, stage in sorted(record.stages.items()):
+        if stage.status is StageStatus.FULLY_FINISHED:
+            # Validated here, so a value without a JSON form names its stage and field.
+            finished[sid] = FinishedStageV2.model_validate(_finished_json(stage)).model_dump(
+                mode="json"
+            )
+            continue
+        if _is_bare(stage):
+            not_started.append(sid)
+        else:
+            stages[sid] = _stage_json(stage)
+    return CheckpointBodyV2.model_validate(
         {
             "pipeline_key": record.pipeline_key,
             "checkpoint_id": record.checkpoint_id,
             "kind": record.kind.value,
             "reason": record.reason.value,
-            "graph": dict(record.graph),
+            "graph": _packed(record, "graph", dict(record.graph)),
             "graph_fingerprint": record.graph_fingerprint,
             "triggered_at": record.triggered_at,
             "completed_at": record.completed_at,
-            "stages": {key: _stage_to_json(stage) for key, stage in sorted(record.stages.items())},
+            "fully_finished": _packed(record, "fully_finished", finished),
+            "stages": stages,
+            "not_started": not_started,
         }
     )
 
 
-def _stage_to_record(stage_id: str, stage: StageV1) -> StageCheckpointRecord:
+def _transactions(stage: StageV2 | FinishedStageV2) -> tuple[SinkTransaction, ...]:
+    return tuple(SinkTransaction(**t.model_dump()) for t in stage.pending_transactions)
+
+
+def _end_of_data(stage: StageV2 | FinishedStageV2) -> EndOfData | None:
     eod = stage.end_of_data
+    return None if eod is None else EndOfData(**eod.model_dump())
+
+
+def _stage_to_record(stage_id: str, stage: StageV2) -> StageCheckpointRecord:
+    splits = stage.finished_splits
     return StageCheckpointRecord(
         stage_id=stage_id,
         status=StageStatus(stage.status),
-        finished_splits=frozenset(stage.finished_splits),
-        state=tuple(StateHandle(**h.model_dump()) for h in stage.state),
-        pending_transactions=tuple(
-            SinkTransaction(**t.model_dump()) for t in stage.pending_transactions
+        finished_splits=frozenset()
+        if splits is None
+        else decode_split_set(
+            splits.model_dump(), what=f"the finished splits of stage {stage_id!r}"
         ),
+        state=tuple(StateHandle(**h.model_dump()) for h in stage.state),
+        pending_transactions=_transactions(stage),
         watermark=stage.watermark,
-        end_of_data=None if eod is None else EndOfData(**eod.model_dump()),
+        end_of_data=_end_of_data(stage),
     )
 
 
-def body_to_record(body: CheckpointBodyV1) -> CheckpointRecord:
+def _finished_to_record(stage_id: str, stage: FinishedStageV2) -> StageCheckpointRecord:
+    return StageCheckpointRecord(
+        stage_id=stage_id,
+        status=StageStatus.FULLY_FINISHED,
+        pending_transactions=_transactions(stage),
+        watermark=stage.watermark,
+        end_of_data=_end_of_data(stage),
+        finished_count=stage.finished_count,
+    )
+
+
+def body_to_record(body: CheckpointBodyV2) -> CheckpointRecord:
+    """Decode a version 2 body; MetadataError if a packed value or split set is corrupt, or
+    a stage is listed twice.
+    """
+    finished = FINISHED_STAGES.validate_python(
+        unpack_json(body.fully_finished.model_dump(), what="the fully finished stages"),
+        strict=True,
+    )
+    graph = unpack_json(body.graph.model_dump(), what="the graph")
+    if not isinstance(graph, dict):
+        raise MetadataError(f"the graph is a JSON {type(graph).__name__}, expected an object")
+    stages = {sid: _finished_to_record(sid, stage) for sid, stage in finished.items()}
+    others = {sid: _stage_to_record(sid, stage) for sid, stage in body.stages.items()}
+    bare = {
+        sid: StageCheckpointRecord(stage_id=sid, status=StageStatus.NOT_STARTED)
+        for sid in body.not_started
+    }
+    twice = sorted(
+        (stages.keys() & others.keys()) | ((stages.keys() | others.keys()) & bare.keys())
+    )
+    if twice:
+        raise MetadataError(f"stages listed more than once: {twice}")
     return CheckpointRecord(
         pipeline_key=body.pipeline_key,
         checkpoint_id=body.checkpoint_id,
         kind=CheckpointKind(body.kind),
         reason=TriggerReason(body.reason),
-        graph=dict(body.graph),
+        graph=graph,
         graph_fingerprint=body.graph_fingerprint,
         triggered_at=body.triggered_at,
         completed_at=body.completed_at,
-        stages={sid: _stage_to_record(sid, stage) for sid, stage in body.stages.items()},
+        stages={**stages, **others, **bare},
     )

@@ -45,15 +45,18 @@ def body_checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def seal(version: int, body: dict[str, Any]) -> bytes:
-    """Wrap a body into the envelope, pretty-printed with the header first for humans."""
+def seal(version: int, body: dict[str, Any], *, indent: int | None = 2) -> bytes:
+    """Wrap a body into the envelope, the header first for humans (``indent`` None: compact)."""
     document = {
         "format": FORMAT_TAG,
         "version": version,
         "sha256": body_checksum(body),
         "body": body,
     }
-    text = json.dumps(document, indent=2, ensure_ascii=True, allow_nan=False)
+    separators = (", ", ": ") if indent is not None else (",", ":")
+    text = json.dumps(
+        document, indent=indent, separators=separators, ensure_ascii=True, allow_nan=False
+    )
     return (text + "\n").encode("ascii")
 
 

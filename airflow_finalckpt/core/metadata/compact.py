@@ -1,0 +1,153 @@
+"""Compact values inside a metadata body (format version 2): a finished split set, and a packed
+JSON value. Pure functions over plain values; every bad input is a MetadataError saying what.
+
+Both are JSON objects holding base64 text of zlib-compressed canonical JSON plus the sha256 of
+what was compressed, so a file stays plain data (never code), self-contained (no reference to
+another file or checkpoint) and checkable on its own:
+
+- a *split set* is the sorted split ids, front-coded (each id as the length of the prefix it
+  shares with the previous one and the rest): ids such as ``data/2013/01/part-00017`` shrink to
+  a few bytes each. Its ``sha256`` is the set's fingerprint (of the canonical JSON of the sorted
+  ids), checked when it is decoded, so a corrupt or wrongly encoded set is refused, never
+  silently restored as another set;
+- a *packed* value is any JSON value (the graph, the fully finished stages), compressed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import zlib
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from airflow_finalckpt.core.errors import MetadataError
+from airflow_finalckpt.core.metadata.envelope import canonical_json, parse_json, short_repr
+
+SPLITS_ENCODING = "front-coded+zlib+base64"
+PACKED_ENCODING = "zlib+base64"
+#: A packed value never inflates beyond this (a corrupt or hostile file cannot exhaust memory).
+MAX_UNPACKED_BYTES = 1 << 30
+_LEVEL = 6
+
+
+def split_set_fingerprint(splits: Collection[str]) -> str:
+    """The sha256 of a split set: of the canonical JSON of its sorted ids."""
+    return hashlib.sha256(canonical_json(sorted(splits))).hexdigest()
+
+
+def _front_code(ordered: list[str]) -> list[Any]:
+    coded: list[Any] = []
+    previous = ""
+    for split in ordered:
+        shared = 0
+        limit = min(len(split), len(previous))
+        while shared < limit and split[shared] == previous[shared]:
+            shared += 1
+        coded += [shared, split[shared:]]
+        previous = split
+    return coded
+
+
+def encode_split_set(splits: Collection[str]) -> dict[str, Any]:
+    """A split set as ``{"encoding", "count", "sha256", "data"}``."""
+    ordered = sorted(set(splits))
+    data = zlib.compress(canonical_json(_front_code(ordered)), _LEVEL)
+    return {
+        "encoding": SPLITS_ENCODING,
+        "count": len(ordered),
+        "sha256": hashlib.sha256(canonical_json(ordered)).hexdigest(),
+        "data": base64.b64encode(data).decode("ascii"),
+    }
+
+
+def _inflate(text: str, what: str, limit: int = MAX_UNPACKED_BYTES) -> bytes:
+    """base64 -> zlib -> bytes, refusing bad base64, bad zlib data and oversized output."""
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise MetadataError(f"{what}: 'data' is not base64 text") from None
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise MetadataError(f"{what}: 'data' is not zlib data ({exc})") from None
+    if len(out) > limit:
+        raise MetadataError(f"{what}: 'data' inflates beyond {limit} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise MetadataError(f"{what}: 'data' is truncated or has trailing bytes")
+    return out
+
+
+def _expand(coded: Any, what: str) -> list[str]:
+    if not isinstance(coded, list) or len(coded) % 2:
+        raise MetadataError(f"{what}: the front-coded ids are not a list of (prefix, rest) pairs")
+    ordered: list[str] = []
+    previous = ""
+    for shared, rest in zip(coded[::2], coded[1::2], strict=True):
+        if type(shared) is not int or not isinstance(rest, str):
+            raise MetadataError(
+                f"{what}: front-coded entry {len(ordered)} is not a (prefix length, text) pair "
+                f"(found {short_repr(shared)}, {short_repr(rest)})"
+            )
+        if not 0 <= shared <= len(previous):
+            raise MetadataError(
+                f"{what}: front-coded entry {len(ordered)} shares {shared} characters with a "
+                f"previous id of {len(previous)}"
+            )
+        split = previous[:shared] + rest
+        if ordered and split <= previous:
+            raise MetadataError(f"{what}: the split ids are not sorted and unique")
+        ordered.append(split)
+        previous = split
+    return ordered
+
+
+def decode_split_set(encoded: Mapping[str, Any], *, what: str = "split set") -> frozenset[str]:
+    """The ids of an encoded split set; MetadataError if it is corrupt or its count or sha256
+    does not match its ids.
+    """
+    if encoded.get("encoding") != SPLITS_ENCODING:
+        raise MetadataError(
+            f"{what}: unknown encoding {short_repr(encoded.get('encoding'))}, "
+            f"expected {SPLITS_ENCODING!r}"
+        )
+    ordered = _expand(parse_json(_inflate(encoded["data"], what), what), what)
+    if len(ordered) != encoded["count"]:
+        raise MetadataError(f"{what}: it states {encoded['count']} splits but holds {len(ordered)}")
+    actual = hashlib.sha256(canonical_json(ordered)).hexdigest()
+    if actual != encoded["sha256"]:
+        raise MetadataError(
+            f"{what}: its split ids hash to {actual}, not to the recorded fingerprint "
+            f"{short_repr(encoded['sha256'])}; the set is corrupt or was written wrongly"
+        )
+    return frozenset(ordered)
+
+
+def pack_json(value: Any) -> dict[str, Any]:
+    """A JSON value as ``{"encoding", "size", "sha256", "data"}`` (of its canonical JSON)."""
+    text = canonical_json(value)
+    return {
+        "encoding": PACKED_ENCODING,
+        "size": len(text),
+        "sha256": hashlib.sha256(text).hexdigest(),
+        "data": base64.b64encode(zlib.compress(text, _LEVEL)).decode("ascii"),
+    }
+
+
+def unpack_json(packed: Mapping[str, Any], *, what: str = "packed value") -> Any:
+    """The JSON value of a packed one; MetadataError if it is corrupt."""
+    if packed.get("encoding") != PACKED_ENCODING:
+        raise MetadataError(
+            f"{what}: unknown encoding {short_repr(packed.get('encoding'))}, "
+            f"expected {PACKED_ENCODING!r}"
+        )
+    size = packed["size"]
+    text = _inflate(packed["data"], what, limit=min(size, MAX_UNPACKED_BYTES))
+    if len(text) != size or hashlib.sha256(text).hexdigest() != packed["sha256"]:
+        raise MetadataError(
+            f"{what}: its content ({len(text)} bytes) does not match its recorded size "
+            f"({size}) and sha256; the value is corrupt"
+        )
+    return parse_json(text, what)
