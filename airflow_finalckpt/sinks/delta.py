@@ -189,6 +189,7 @@ class DeltaTableSink(StagedTableSink):
         return {t for t in map(self._mine, self._commits_after(table, -1)) if t is not None}
 
     def table_commits(self) -> list[str | None]:
+        """The Delta log's versions, oldest first: this sink's transaction id or None for others."""
         table = self._open()
         if table is None:
             return []
@@ -196,6 +197,7 @@ class DeltaTableSink(StagedTableSink):
         return [self._mine(info) for info in history]
 
     def table_files(self) -> set[str]:
+        """Paths of the Parquet files the current Delta version references."""
         table = self._open()
         return (
             set() if table is None else {str(u).removeprefix("file://") for u in table.file_uris()}

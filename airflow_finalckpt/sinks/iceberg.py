@@ -294,6 +294,7 @@ class IcebergTableSink(StagedTableSink):
         return set(candidates) & self._table_txn_ids()
 
     def table_commits(self) -> list[str | None]:
+        """Snapshots by sequence number: this sink's transaction id, None for other writers."""
         table = self._load()
         if table is None:
             return []
@@ -305,6 +306,7 @@ class IcebergTableSink(StagedTableSink):
         return commits
 
     def table_files(self) -> set[str]:
+        """Paths of the data files the current snapshot's scan plans."""
         table = self._load()
         if table is None or table.current_snapshot() is None:
             return set()

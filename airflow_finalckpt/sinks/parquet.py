@@ -21,14 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.core.model import SinkTransaction
@@ -40,6 +38,7 @@ from airflow_finalckpt.sinks.base import (
     SinkTransactionError,
     TwoPhaseCommitSink,
 )
+from airflow_finalckpt.sinks.parquet_files import MANIFEST_FORMAT, TableFiles, fsync
 
 if TYPE_CHECKING:
     import pandas
@@ -53,27 +52,12 @@ STAGING_DIR = "_staging"
 COMMITS_DIR = "_commits"
 PUBLISHED_PREFIX = "txn-"
 MANIFEST_NAME = "_manifest.json"
-MANIFEST_FORMAT = 1
 
 #: Format of a published ``txn-<id>/_manifest.json`` written by a copy commit or a migration.
 PUBLISHED_FORMAT = MANIFEST_FORMAT
 
 #: Filesystems whose directory rename is atomic: ``auto`` commits by rename on these only.
 ATOMIC_RENAME_PROTOCOLS = frozenset({"file", "local", "hdfs", "viewfs"})
-
-
-def is_hidden(relative_path: str) -> bool:
-    """Spark and pyarrow skip any path segment starting with ``_`` or ``.``; so do we."""
-    return any(part.startswith(("_", ".")) for part in relative_path.split("/"))
-
-
-def _fsync(path: str, *, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ParquetTableSink(TwoPhaseCommitSink):
@@ -99,8 +83,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
         if not root:
             raise ConfigurationError(f"table_uri {table_uri!r} must name a directory, not a root")
         self._fs: fsspec.AbstractFileSystem = fs
+        self._files = TableFiles(fs, sink_id)
         self._root = root
-        self._local = isinstance(fs, LocalFileSystem)
+        self._local = self._files.local
         #: The URI given to Spark; local paths are made absolute so Spark and fsspec agree.
         self.table_uri = root if self._local else table_uri.rstrip("/")
         self.commit_mode: ResolvedMode = self._resolve_mode(commit_mode)
@@ -150,109 +135,13 @@ class ParquetTableSink(TwoPhaseCommitSink):
         """The staging directory URI: a Spark or pyarrow writer may write Parquet files there."""
         return self._uri(STAGING_DIR, self._check_txn_id(txn_id))
 
-    # -- filesystem helpers ------------------------------------------------------------------
-
-    def _exists(self, path: str) -> bool:
-        # Listing caches (s3fs, gcsfs) could hide another process's commit: always ask afresh.
-        self._fs.invalidate_cache(path)
-        return bool(self._fs.exists(path))
-
-    def _list_names(self, path: str) -> list[str]:
-        self._fs.invalidate_cache(path)
-        if not self._fs.exists(path):
-            return []
-        return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in self._fs.ls(path, False)]
-
-    def _write_bytes_atomically(self, path: str, data: bytes) -> None:
-        """Readers see the old content or the new one, never a torn file."""
-        if not self._local:
-            self._fs.pipe_file(path, data)  # one object PUT: atomic on object stores
-            return
-        directory, name = path.rsplit("/", 1)
-        temporary = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        _fsync(directory, directory=True)
-
-    def _create_exclusively(self, path: str, data: bytes) -> bool:
-        """Create ``path`` complete and only if absent; False if it already existed."""
-        if self._local:
-            directory, name = path.rsplit("/", 1)
-            os.makedirs(directory, exist_ok=True)
-            temporary = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            try:
-                os.link(temporary, path)  # fails if path exists: exclusive and atomic
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(temporary)
-            _fsync(directory, directory=True)
-            return True
-        if self._exists(path):
-            return False
-        try:
-            with self._fs.open(path, "xb") as handle:  # conditional PUT where supported
-                handle.write(data)
-        except FileExistsError:
-            return False
-        except (NotImplementedError, ValueError, TypeError):
-            self._fs.pipe_file(path, data)  # backend without exclusive create
-        return True
-
-    def _read_json(self, path: str) -> dict[str, Any]:
-        try:
-            with self._fs.open(path, "rb") as handle:
-                document = json.loads(handle.read())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise SinkError(f"sink {self.sink_id!r}: {path} is not valid JSON: {exc}") from exc
-        if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
-            raise SinkError(
-                f"sink {self.sink_id!r}: {path} is not a format-{MANIFEST_FORMAT} manifest"
-            )
-        return document
-
-    def _data_files(self, directory: str) -> dict[str, int]:
-        """Visible files under ``directory`` (relative path -> size), skipping hidden ones such
-        as Spark's ``_SUCCESS``, ``_temporary/`` and ``.crc`` files and our temporary files.
-        """
-        self._fs.invalidate_cache(directory)
-        found = self._fs.find(directory, detail=True)
-        prefix = directory.rstrip("/") + "/"
-        files: dict[str, int] = {}
-        for path, info in found.items():
-            stripped = self._fs._strip_protocol(path)
-            if not stripped.startswith(prefix):
-                continue
-            relative = stripped[len(prefix) :]
-            if not is_hidden(relative):
-                files[relative] = int(info.get("size") or 0)
-        return dict(sorted(files.items()))
-
-    def _row_count(self, path: str) -> int:
-        import pyarrow.parquet as pq
-
-        try:
-            with self._fs.open(path, "rb") as handle:
-                return int(pq.ParquetFile(handle).metadata.num_rows)
-        except Exception as exc:  # pyarrow raises ArrowInvalid and friends
-            raise SinkError(
-                f"sink {self.sink_id!r}: staged file {path} is not a readable Parquet file: {exc}"
-            ) from exc
-
     # -- writing -----------------------------------------------------------------------------
 
     def _check_writable(self, txn_id: str) -> str:
         txn_id = self._check_txn_id(txn_id)
         if self.is_committed(txn_id):
             raise AlreadyCommittedError(self.sink_id, txn_id, "write to")
-        if self._exists(self._path(STAGING_DIR, txn_id, MANIFEST_NAME)):
+        if self._files.exists(self._path(STAGING_DIR, txn_id, MANIFEST_NAME)):
             raise SinkTransactionError(
                 f"sink {self.sink_id!r}: transaction {txn_id!r} is pre-committed and sealed; "
                 "data written now would not be covered by its checkpoint (open a new transaction)"
@@ -301,13 +190,13 @@ class ParquetTableSink(TwoPhaseCommitSink):
             raise AlreadyCommittedError(self.sink_id, txn_id, "pre-commit")
         staging = self._staging_path(txn_id)
         self._fs.makedirs(staging, exist_ok=True)
-        sizes = self._data_files(staging)
+        sizes = self._files.data_files(staging)
         files: list[dict[str, Any]] = [
-            {"path": relative, "size": size, "rows": self._row_count(f"{staging}/{relative}")}
+            {"path": relative, "size": size, "rows": self._files.row_count(f"{staging}/{relative}")}
             for relative, size in sizes.items()
         ]
         if self._local:
-            self._fsync_tree(staging, list(sizes))
+            self._files.fsync_tree(staging, list(sizes), self._path(STAGING_DIR), self._root)
         rows = sum(entry["rows"] for entry in files)
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -318,7 +207,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
             "rows": rows,
             "precommitted_at": time.time(),
         }
-        self._write_bytes_atomically(
+        self._files.write_atomically(
             f"{staging}/{MANIFEST_NAME}", json.dumps(manifest, sort_keys=True).encode()
         )
         return SinkTransaction(
@@ -334,16 +223,6 @@ class ParquetTableSink(TwoPhaseCommitSink):
             },
         )
 
-    def _fsync_tree(self, staging: str, relative_files: list[str]) -> None:
-        directories = {staging, self._path(STAGING_DIR), self._root}
-        for relative in relative_files:
-            _fsync(f"{staging}/{relative}")
-            parts = relative.split("/")[:-1]
-            for depth in range(1, len(parts) + 1):
-                directories.add("/".join((staging, *parts[:depth])))
-        for directory in directories:
-            _fsync(directory, directory=True)
-
     def commit(self, txn: SinkTransaction) -> bool:
         """Publish a pre-committed transaction exactly once; False if it already was.
 
@@ -358,7 +237,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
             self._drop_committed_staging(txn_id)
             return False
         try:
-            manifest = self._read_json(self._path(STAGING_DIR, txn_id, MANIFEST_NAME))
+            manifest = self._files.read_manifest(self._path(STAGING_DIR, txn_id, MANIFEST_NAME))
         except FileNotFoundError:
             if self.is_committed(txn_id):  # another committer published it meanwhile
                 return False
@@ -367,7 +246,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
                 "commit: it was never pre-committed or it was aborted"
             ) from None
         self._check_matches_precommit(txn, manifest)
-        if self.commit_mode == "rename" and not self._exists(self._published_path(txn_id)):
+        if self.commit_mode == "rename" and not self._files.exists(self._published_path(txn_id)):
             return self._commit_by_rename(txn_id)
         # Copy mode, or a rename-mode table holding a copy commit interrupted by a crash.
         return self._commit_by_copy(txn_id, manifest)
@@ -387,7 +266,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
             if self._local:
                 os.rename(source, target)  # atomic; fails if target exists and is not empty
             else:
-                if self._exists(target):
+                if self._files.exists(target):
                     return False
                 self._fs.mv(source, target, recursive=True)
         except OSError:
@@ -396,43 +275,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
                 return False
             raise
         if self._local:
-            _fsync(self._root, directory=True)
-            _fsync(self._path(STAGING_DIR), directory=True)
+            fsync(self._root, directory=True)
+            fsync(self._path(STAGING_DIR), directory=True)
         return True
-
-    def _copy_files(self, sources: list[str], targets: list[str]) -> None:
-        """Copy (server side on object stores) every source whose target is missing or differs
-        in size (a half-written copy of a crashed commit); fsync them on local disks.
-        """
-        todo_sources, todo_targets = [], []
-        for source, target in zip(sources, targets, strict=True):
-            self._fs.invalidate_cache(target)
-            try:
-                same = int(self._fs.size(target)) == int(self._fs.size(source))
-            except FileNotFoundError:
-                same = False
-            if not same:
-                todo_sources.append(source)
-                todo_targets.append(target)
-        if todo_sources:
-            directories = {target.rsplit("/", 1)[0] for target in todo_targets}
-            for directory in sorted(directories):
-                self._fs.makedirs(directory, exist_ok=True)
-            if self._local:
-                for source, target in zip(todo_sources, todo_targets, strict=True):
-                    # Through a hidden temporary name: a racing copier never truncates a file
-                    # another committer already published.
-                    directory, name = target.rsplit("/", 1)
-                    temporary = f"{directory}/_tmp-{uuid.uuid4().hex}-{name}"
-                    shutil.copyfile(source, temporary)
-                    os.replace(temporary, target)
-            else:
-                self._fs.copy(todo_sources, todo_targets)
-        if self._local:
-            for target in targets:
-                _fsync(target)
-            for directory in {target.rsplit("/", 1)[0] for target in targets}:
-                _fsync(directory, directory=True)
 
     def _commit_by_copy(self, txn_id: str, manifest: dict[str, Any]) -> bool:
         """Copy the sealed files into ``txn-<id>/``, then write the manifest there (the commit
@@ -441,7 +286,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
         staging, published = self._staging_path(txn_id), self._published_path(txn_id)
         relative = [entry["path"] for entry in manifest["files"]]
         try:
-            self._copy_files(
+            self._files.copy_files(
                 [f"{staging}/{path}" for path in relative],
                 [f"{published}/{path}" for path in relative],
             )
@@ -450,7 +295,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
                 return False
             raise
         record = {**manifest, "commit_mode": "copy", "committed_at": time.time()}
-        created = self._create_exclusively(
+        created = self._files.create_exclusively(
             self._published_manifest_path(txn_id), json.dumps(record, sort_keys=True).encode()
         )
         self._drop_committed_staging(txn_id)
@@ -461,9 +306,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
         data of a transaction committed by the old manifest mode: its rows live there.
         """
         staging = self._staging_path(txn_id)
-        if self._exists(self._legacy_record_path(txn_id)) or not self._exists(staging):
+        if self._files.exists(self._legacy_record_path(txn_id)) or not self._files.exists(staging):
             return
-        if self._exists(self._published_manifest_path(txn_id)):
+        if self._files.exists(self._published_manifest_path(txn_id)):
             with contextlib.suppress(FileNotFoundError):  # a racing committer removed it first
                 self._fs.rm(staging, recursive=True)
 
@@ -477,13 +322,13 @@ class ParquetTableSink(TwoPhaseCommitSink):
         next call. Runs on the first ``commit`` of each sink object.
         """
         migrated = []
-        for name in sorted(self._list_names(self._path(COMMITS_DIR))):
+        for name in sorted(self._files.list_names(self._path(COMMITS_DIR))):
             txn_id = name[: -len(".json")]
             if name.startswith("_tmp-") or not name.endswith(".json"):
                 continue
             if not SAFE_IDENTIFIER.fullmatch(txn_id):
                 continue
-            record = self._read_json(self._legacy_record_path(txn_id))
+            record = self._files.read_manifest(self._legacy_record_path(txn_id))
             prefix = f"{STAGING_DIR}/{txn_id}/"
             relative = [path[len(prefix) :] for path in record["files"] if path.startswith(prefix)]
             if len(relative) != len(record["files"]):
@@ -492,9 +337,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
                     f"{prefix}; not migrating it"
                 )
             published = self._published_path(txn_id)
-            if not self._exists(self._published_manifest_path(txn_id)):
+            if not self._files.exists(self._published_manifest_path(txn_id)):
                 staging = self._staging_path(txn_id)
-                self._copy_files(
+                self._files.copy_files(
                     [f"{staging}/{path}" for path in relative],
                     [f"{published}/{path}" for path in relative],
                 )
@@ -502,7 +347,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
                     {
                         "path": path,
                         "size": int(self._fs.size(f"{published}/{path}")),
-                        "rows": self._row_count(f"{published}/{path}"),
+                        "rows": self._files.row_count(f"{published}/{path}"),
                     }
                     for path in relative
                 ]
@@ -517,7 +362,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
                     "committed_at": record.get("committed_at"),
                     "migrated_at": time.time(),
                 }
-                self._create_exclusively(
+                self._files.create_exclusively(
                     self._published_manifest_path(txn_id),
                     json.dumps(document, sort_keys=True).encode(),
                 )
@@ -536,13 +381,13 @@ class ParquetTableSink(TwoPhaseCommitSink):
         if self.is_committed(txn_id):
             raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
         staging = self._staging_path(txn_id)
-        if self._exists(staging):
+        if self._files.exists(staging):
             manifest_path = f"{staging}/{MANIFEST_NAME}"
-            if self._exists(manifest_path):
+            if self._files.exists(manifest_path):
                 self._fs.rm(manifest_path)
             self._fs.rm(staging, recursive=True)
         published = self._published_path(txn_id)
-        if self._exists(published):
+        if self._files.exists(published):
             self._fs.rm(published, recursive=True)
 
     # -- state -------------------------------------------------------------------------------
@@ -552,9 +397,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
         commit writes it last), or an old-mode ``_commits/<id>.json`` record does.
         """
         txn_id = self._check_txn_id(txn_id)
-        if self._exists(self._published_manifest_path(txn_id)):
+        if self._files.exists(self._published_manifest_path(txn_id)):
             return True
-        return self._exists(self._legacy_record_path(txn_id))
+        return self._files.exists(self._legacy_record_path(txn_id))
 
     def _published_dirs(self) -> dict[str, bool]:
         """``txn-<id>`` directories -> whether they hold their manifest (are committed)."""
@@ -577,7 +422,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
         committed = {txn_id for txn_id, done in self._published_dirs().items() if done}
         committed |= {
             name[: -len(".json")]
-            for name in self._list_names(self._path(COMMITS_DIR))
+            for name in self._files.list_names(self._path(COMMITS_DIR))
             if name.endswith(".json") and not name.startswith("_tmp-")
         }
         return {txn_id for txn_id in committed if SAFE_IDENTIFIER.fullmatch(txn_id)}
@@ -589,7 +434,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
         published = self._published_dirs()
         staged = {
             name
-            for name in self._list_names(self._path(STAGING_DIR))
+            for name in self._files.list_names(self._path(STAGING_DIR))
             if SAFE_IDENTIFIER.fullmatch(name)
         }
         staged |= {txn_id for txn_id, done in published.items() if not done}
@@ -600,12 +445,12 @@ class ParquetTableSink(TwoPhaseCommitSink):
     def _committed_relative_files(self) -> Iterator[str]:
         for txn_id in sorted(self.committed_txn_ids()):
             published = self._published_manifest_path(txn_id)
-            if self._exists(published):
-                manifest = self._read_json(published)
+            if self._files.exists(published):
+                manifest = self._files.read_manifest(published)
                 for entry in manifest["files"]:
                     yield f"{PUBLISHED_PREFIX}{txn_id}/{entry['path']}"
             else:
-                record = self._read_json(self._legacy_record_path(txn_id))
+                record = self._files.read_manifest(self._legacy_record_path(txn_id))
                 yield from record["files"]
 
     def committed_files(self) -> list[str]:

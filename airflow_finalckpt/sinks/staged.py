@@ -36,7 +36,7 @@ from airflow_finalckpt.sinks.base import (
     SinkTransactionError,
     TwoPhaseCommitSink,
 )
-from airflow_finalckpt.sinks.parquet import _fsync
+from airflow_finalckpt.sinks.parquet_files import fsync
 
 if TYPE_CHECKING:
     import pandas
@@ -261,7 +261,7 @@ class StagedTableSink(TwoPhaseCommitSink):
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-        _fsync(directory, directory=True)
+        fsync(directory, directory=True)
 
     def _manifest(self, txn_id: str) -> dict[str, Any] | None:
         uri = self._staging_uri(txn_id)
@@ -291,7 +291,7 @@ class StagedTableSink(TwoPhaseCommitSink):
                 os.replace(source, target)
             except FileNotFoundError:
                 return  # a racing committer marked it
-            _fsync(path, directory=True)
+            fsync(path, directory=True)
             return
         document = self._read_json(fs, source)
         if document is not None:
@@ -430,9 +430,9 @@ class StagedTableSink(TwoPhaseCommitSink):
                 ) from exc
             files.append({"path": name, "size": int(entry.get("size") or 0), "rows": rows})
             if isinstance(fs, LocalFileSystem):
-                _fsync(full)
+                fsync(full)
         if isinstance(fs, LocalFileSystem):
-            _fsync(path, directory=True)
+            fsync(path, directory=True)
         return files
 
     @storage_errors
@@ -520,6 +520,9 @@ class StagedTableSink(TwoPhaseCommitSink):
 
     @storage_errors
     def committed_txn_ids(self) -> set[str]:
+        """Transactions with the committed marker, or recorded in the table's history (a crash
+        may have come between the table commit and the marker).
+        """
         marked = {txn_id for txn_id, committed in self._txn_dirs().items() if committed}
         return marked | self._table_txn_ids()
 

@@ -21,12 +21,8 @@ from sqlalchemy import func, select, text
 
 from airflow_finalckpt.core.model import SinkTransaction
 from airflow_finalckpt.sinks import SinkTransactionError, SqlTableSink
-from airflow_finalckpt.sinks.sql import (
-    WRITES_TABLE,
-    _PartitionWrite,
-    _stage_partition,
-    estimated_bytes,
-)
+from airflow_finalckpt.sinks.sql import WRITES_TABLE, estimated_bytes
+from airflow_finalckpt.sinks.sql_staging import PartitionWrite, stage_partition
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -129,10 +125,10 @@ def test_a_retried_task_attempt_stages_nothing_twice(make_sink) -> None:
     batch = pa.RecordBatch.from_pydict({"order_id": [1, 2, 3], "amount": [1.0, 2.0, 3.0]})
     sink.write_arrow("seed", pa.Table.from_batches([batch]).slice(0, 0))  # creates the tables
     url = sink.engine.url.render_as_string(hide_password=False)
-    spec = _PartitionWrite(url, sink.sink_id, "t1", "w1", sink.staging_table_name, ("order_id",))
-    assert _stage_partition(spec, 0, iter([batch])) == 3
-    assert _stage_partition(spec, 0, iter([batch])) == 3  # the retry: same count, no rows
-    assert _stage_partition(spec, 1, iter([batch.slice(0, 1)])) == 1
+    spec = PartitionWrite(url, sink.sink_id, "t1", "w1", sink.staging_table_name, ("order_id",))
+    assert stage_partition(spec, 0, iter([batch])) == 3
+    assert stage_partition(spec, 0, iter([batch])) == 3  # the retry: same count, no rows
+    assert stage_partition(spec, 1, iter([batch.slice(0, 1)])) == 1
     assert staged_rows(sink) == 4
     with pytest.raises(SinkTransactionError, match="did not complete"):
         sink.precommit("t1", 1)  # the driver never marked write w1 complete
