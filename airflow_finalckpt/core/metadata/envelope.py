@@ -42,6 +42,7 @@ def canonical_json(value: Any) -> bytes:
 
 
 def body_checksum(body: Mapping[str, Any]) -> str:
+    """The sha256 of the body's canonical JSON (what the envelope's ``sha256`` states)."""
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
@@ -113,10 +114,8 @@ def _fail(source: str, problem: str) -> NoReturn:
     raise MetadataError(f"checkpoint metadata {source} {problem}")
 
 
-def open_envelope(document: Any, source: str, *, oldest: int, newest: int) -> Envelope:
-    """Check tag, version, keys and checksum, in that order, so errors say the most useful thing."""
-    if not isinstance(document, dict):
-        _fail(source, f"is a JSON {type(document).__name__}, expected a JSON object")
+def _check_version(document: dict[str, Any], source: str, oldest: int, newest: int) -> int:
+    """The tag, then the version: a newer file is reported as such before anything else."""
     tag = document.get("format")
     if tag != FORMAT_TAG:
         found = "no 'format' tag" if tag is None else f"format tag {short_repr(tag)}"
@@ -139,6 +138,11 @@ def open_envelope(document: Any, source: str, *, oldest: int, newest: int) -> En
             f"has metadata format version {version}, which never existed "
             f"(versions are {oldest}..{newest}); the file is corrupt",
         )
+    return version
+
+
+def _checked_body(document: dict[str, Any], source: str) -> dict[str, Any]:
+    """The keys, the body's type and its checksum."""
     keys = set(document)
     if keys != ENVELOPE_KEYS:
         missing = sorted(ENVELOPE_KEYS - keys)
@@ -160,4 +164,12 @@ def open_envelope(document: Any, source: str, *, oldest: int, newest: int) -> En
             f"fails its checksum: the file states sha256 {short_repr(stated)} but its body "
             f"hashes to {actual!r}; the file is corrupt or was edited",
         )
-    return Envelope(version=version, body=body)
+    return body
+
+
+def open_envelope(document: Any, source: str, *, oldest: int, newest: int) -> Envelope:
+    """Check tag, version, keys and checksum, in that order, so errors say the most useful thing."""
+    if not isinstance(document, dict):
+        _fail(source, f"is a JSON {type(document).__name__}, expected a JSON object")
+    version = _check_version(document, source, oldest, newest)
+    return Envelope(version=version, body=_checked_body(document, source))

@@ -75,10 +75,12 @@ class MetadataFormat:
 
     @property
     def oldest_version(self) -> int:
+        """The oldest version this format reads."""
         return self.versions[0].version
 
     @property
     def current_version(self) -> int:
+        """The version this format writes."""
         return self.versions[-1].version
 
     def extended(

@@ -23,6 +23,8 @@ class _V1Model(BaseModel):
 
 
 class StateHandleV1(_V1Model):
+    """A state file: its path under the pipeline directory, size and sha256."""
+
     name: str
     path: str
     size: int = Field(ge=0)
@@ -30,6 +32,8 @@ class StateHandleV1(_V1Model):
 
 
 class SinkTransactionV1(_V1Model):
+    """A pre-committed sink transaction and the checkpoint that covers it."""
+
     sink_id: str
     txn_id: str
     checkpoint_id: int | None
@@ -37,6 +41,8 @@ class SinkTransactionV1(_V1Model):
 
 
 class EndOfDataV1(_V1Model):
+    """What a finished stage publishes downstream."""
+
     drain: bool
     manifest: list[str]
     watermark: int = Field(ge=_INT64_MIN, le=_INT64_MAX)
@@ -45,6 +51,8 @@ class EndOfDataV1(_V1Model):
 
 
 class StageV1(_V1Model):
+    """One stage, whatever its status, with its finished split ids."""
+
     status: Literal["FULLY_FINISHED", "PARTIALLY_FINISHED", "RUNNING", "NOT_STARTED"]
     finished_splits: list[str]
     state: list[StateHandleV1]
@@ -62,6 +70,8 @@ class StageV1(_V1Model):
 
 
 class CheckpointBodyV1(_V1Model):
+    """The body of a version 1 ``_metadata`` (documentation only changes here)."""
+
     pipeline_key: str
     checkpoint_id: int = Field(ge=1)
     kind: Literal["checkpoint", "savepoint", "drained_savepoint"]
