@@ -88,6 +88,7 @@ def _delta_fields(sink: Any) -> list[tuple[str, str]]:
 
 
 def output_dataset(sink: TwoPhaseCommitSink, rows: int | None) -> Any:
+    """The OpenLineage output dataset of a sink: its namespace and name, schema and row count."""
     from openlineage.client.event_v2 import OutputDataset
     from openlineage.client.facet_v2 import output_statistics_output_dataset, schema_dataset
 

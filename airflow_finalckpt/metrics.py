@@ -103,19 +103,23 @@ def _emit(kind: str, name: str, value: Any, tags: dict[str, str]) -> None:
 
 
 def batch(stage_id: str, seconds: float, splits: int) -> None:
+    """One batch of a stage: how long it took and how many splits it read."""
     _emit("timing", BATCH_DURATION, seconds, {"stage_id": stage_id})
     _emit("gauge", BATCH_SPLITS, splits, {"stage_id": stage_id})
 
 
 def commit(stage_id: str, sink_id: str, seconds: float) -> None:
+    """How long one sink's commit took for a stage."""
     _emit("timing", COMMIT_DURATION, seconds, {"stage_id": stage_id, "sink_id": sink_id})
 
 
 def stage_finished(stage_id: str) -> None:
+    """Count a stage reaching end of input (FINISHED)."""
     _emit("incr", STAGE_FINISHED, 1, {"stage_id": stage_id})
 
 
 def stage_closed(stage_id: str) -> None:
+    """Count a stage closing after its final checkpoint committed (CLOSED)."""
     _emit("incr", STAGE_CLOSED, 1, {"stage_id": stage_id})
 
 

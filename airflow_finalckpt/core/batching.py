@@ -55,9 +55,11 @@ class BatchPolicy:
 
     @property
     def auto(self) -> bool:
+        """Whether batch sizes adapt to the measured throughput (no fixed size given)."""
         return self.fixed is None
 
     def describe(self) -> str:
+        """The policy in words, for logs and the UI."""
         return f"batches of {self.fixed}" if self.fixed else f"auto batches of ~{self.target_s:g}s"
 
 
@@ -94,9 +96,11 @@ class Throughput:
     samples: tuple[BatchSample, ...] = field(default=())
 
     def seconds(self, weight: float) -> float:
+        """Predicted seconds of a batch of ``weight`` units under this model."""
         return self.fixed_s + self.per_unit_s * weight
 
     def units_per_s(self) -> float:
+        """Units (splits or bytes) per second beyond the fixed cost; infinite if free."""
         return 1.0 / self.per_unit_s if self.per_unit_s > 0 else math.inf
 
     def rate(self) -> str:
@@ -115,6 +119,7 @@ class Throughput:
         return f"last batch {last.splits} splits in {last.seconds:.1f}s, {self.rate()}"
 
     def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able form for the stored hint (``from_dict`` reads it back)."""
         return {
             "fixed_s": self.fixed_s,
             "per_unit_s": self.per_unit_s,

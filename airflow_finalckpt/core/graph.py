@@ -22,12 +22,15 @@ STAGE_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}\Z")
 
 @dataclass(frozen=True)
 class Stage:
+    """One stage: its id, the stages whose output it reads, and the Airflow task running it."""
+
     stage_id: str
     upstream: tuple[str, ...] = ()
     task_id: str | None = None
 
     @property
     def airflow_task_id(self) -> str:
+        """The task id in the DAG: ``task_id`` when given, else the stage id."""
         return self.task_id or self.stage_id
 
 
@@ -45,36 +48,9 @@ class StageGraph:
         """Validate and build a graph; raises InvalidGraphError naming the problem."""
         by_id: dict[str, Stage] = {}
         for stage in stages:
-            if not isinstance(stage.stage_id, str) or not STAGE_ID_PATTERN.match(stage.stage_id):
-                raise InvalidGraphError(
-                    f"invalid stage id {stage.stage_id!r}: use 1-250 characters of letters, "
-                    "digits, '_', '.' and '-', not starting with '.' or '-'"
-                )
-            if stage.stage_id in by_id:
-                raise InvalidGraphError(f"duplicate stage id {stage.stage_id!r}")
-            if stage.task_id is not None and not (
-                isinstance(stage.task_id, str) and STAGE_ID_PATTERN.match(stage.task_id)
-            ):
-                raise InvalidGraphError(
-                    f"stage {stage.stage_id!r} has an invalid task id {stage.task_id!r}: use "
-                    "1-250 characters of letters, digits, '_', '.' and '-'"
-                )
-            if len(set(stage.upstream)) != len(stage.upstream):
-                raise InvalidGraphError(f"stage {stage.stage_id!r} lists an upstream stage twice")
+            _check_stage(stage, by_id)
             by_id[stage.stage_id] = stage
-        task_ids: dict[str, str] = {}
-        for stage in by_id.values():
-            other = task_ids.setdefault(stage.airflow_task_id, stage.stage_id)
-            if other != stage.stage_id:
-                raise InvalidGraphError(
-                    f"stages {other!r} and {stage.stage_id!r} both run as task "
-                    f"{stage.airflow_task_id!r}"
-                )
-            for up in stage.upstream:
-                if up not in by_id:
-                    raise InvalidGraphError(
-                        f"stage {stage.stage_id!r} depends on unknown stage {up!r}"
-                    )
+        _check_references(by_id)
         downstream: dict[str, list[str]] = {sid: [] for sid in by_id}
         for stage in by_id.values():
             for up in stage.upstream:
@@ -128,15 +104,19 @@ class StageGraph:
 
     @property
     def stage_ids(self) -> list[str]:
+        """Every stage id, sorted."""
         return list(self.stages)
 
     def upstream(self, stage_id: str) -> tuple[str, ...]:
+        """The stages whose output ``stage_id`` reads."""
         return self.stages[stage_id].upstream
 
     def downstream(self, stage_id: str) -> tuple[str, ...]:
+        """The stages that read the output of ``stage_id``, sorted."""
         return self._downstream[stage_id]
 
     def sources(self) -> list[str]:
+        """Stages without upstream stages: they read the pipeline's input."""
         return [sid for sid, s in self.stages.items() if not s.upstream]
 
     def topological_order(self) -> list[str]:
@@ -155,6 +135,7 @@ class StageGraph:
         return order
 
     def ancestors(self, stage_id: str) -> set[str]:
+        """Every stage ``stage_id`` depends on, directly or through others."""
         seen: set[str] = set()
         todo = list(self.upstream(stage_id))
         while todo:
@@ -167,6 +148,7 @@ class StageGraph:
     # -- identity and (de)serialization ----------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form, as checkpoint metadata stores it (``from_dict`` reads it)."""
         return {
             "stages": [
                 {"stage_id": s.stage_id, "upstream": sorted(s.upstream), "task_id": s.task_id}
@@ -176,6 +158,9 @@ class StageGraph:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StageGraph:
+        """The graph of ``to_dict`` output, validated like ``build``; malformed input is an
+        InvalidGraphError.
+        """
         try:
             stages = [_stage_from_dict(s) for s in data["stages"]]
         except (KeyError, TypeError, AttributeError) as exc:
@@ -200,3 +185,40 @@ def _stage_from_dict(data: Mapping[str, Any]) -> Stage:
     if task_id is not None and not isinstance(task_id, str):
         raise TypeError(f"task_id of {stage_id!r} must be a string or null, got {task_id!r}")
     return Stage(stage_id=stage_id, upstream=tuple(upstream), task_id=task_id)
+
+
+def _check_stage(stage: Stage, earlier: Mapping[str, Stage]) -> None:
+    """One stage before it joins ``earlier``: ids of the allowed shape, its id not taken, no
+    upstream stage listed twice.
+    """
+    if not isinstance(stage.stage_id, str) or not STAGE_ID_PATTERN.match(stage.stage_id):
+        raise InvalidGraphError(
+            f"invalid stage id {stage.stage_id!r}: use 1-250 characters of letters, "
+            "digits, '_', '.' and '-', not starting with '.' or '-'"
+        )
+    if stage.stage_id in earlier:
+        raise InvalidGraphError(f"duplicate stage id {stage.stage_id!r}")
+    if stage.task_id is not None and not (
+        isinstance(stage.task_id, str) and STAGE_ID_PATTERN.match(stage.task_id)
+    ):
+        raise InvalidGraphError(
+            f"stage {stage.stage_id!r} has an invalid task id {stage.task_id!r}: use "
+            "1-250 characters of letters, digits, '_', '.' and '-'"
+        )
+    if len(set(stage.upstream)) != len(stage.upstream):
+        raise InvalidGraphError(f"stage {stage.stage_id!r} lists an upstream stage twice")
+
+
+def _check_references(by_id: Mapping[str, Stage]) -> None:
+    """Across stages: one stage per Airflow task, every upstream stage known."""
+    task_ids: dict[str, str] = {}
+    for stage in by_id.values():
+        other = task_ids.setdefault(stage.airflow_task_id, stage.stage_id)
+        if other != stage.stage_id:
+            raise InvalidGraphError(
+                f"stages {other!r} and {stage.stage_id!r} both run as task "
+                f"{stage.airflow_task_id!r}"
+            )
+        for up in stage.upstream:
+            if up not in by_id:
+                raise InvalidGraphError(f"stage {stage.stage_id!r} depends on unknown stage {up!r}")

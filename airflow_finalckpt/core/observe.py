@@ -51,6 +51,8 @@ class CheckpointCompleted:
 
 @dataclass(frozen=True)
 class CheckpointAborted:
+    """A checkpoint was aborted; ``reason`` says why, in words (as logged and shown in the UI)."""
+
     pipeline_key: str
     checkpoint_id: int
     reason: str

@@ -31,11 +31,13 @@ TEMP_MARKER = ".tmp-"
 
 
 def protocols_of(fs: AbstractFileSystem) -> tuple[str, ...]:
+    """The filesystem's protocol names (fsspec allows one string or several)."""
     protocol: Any = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def is_object_store(fs: AbstractFileSystem) -> bool:
+    """Whether writes go to an object store, where a single PUT is atomic but rename is not."""
     return any(p in OBJECT_STORE_PROTOCOLS for p in protocols_of(fs))
 
 

@@ -36,6 +36,7 @@ class StorageThroughputHints:
         self.pipeline_key = pipeline_key
 
     def load(self, stage_id: str) -> Throughput | None:
+        """The stage's last stored throughput; None if there is none or it is unreadable."""
         try:
             return _parse(self.storage.read_hint(self.scope, stage_id))
         except (FinalCheckpointError, ValueError) as exc:
@@ -43,6 +44,7 @@ class StorageThroughputHints:
             return None
 
     def save(self, stage_id: str, throughput: Throughput) -> None:
+        """Store the stage's throughput for the next run; a failure is only logged (advisory)."""
         try:
             doc = json.dumps(throughput.to_dict(), sort_keys=True).encode()
             self.storage.write_hint(self.scope, stage_id, doc)

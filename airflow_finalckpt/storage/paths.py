@@ -64,6 +64,7 @@ def validate_pipeline_key(key: str) -> str:
 
 
 def validate_checkpoint_id(checkpoint_id: int) -> int:
+    """The id, if it is a positive int that can name a ``chk-<id>`` directory safely."""
     if type(checkpoint_id) is not int or not 1 <= checkpoint_id < 10**19:
         raise UnsafePathError(
             f"invalid checkpoint id {checkpoint_id!r}: checkpoint ids are positive integers"
@@ -72,6 +73,7 @@ def validate_checkpoint_id(checkpoint_id: int) -> int:
 
 
 def checkpoint_dir_name(checkpoint_id: int) -> str:
+    """``chk-<id>``: the directory of one checkpoint under its pipeline's directory."""
     return f"{CHECKPOINT_DIR_PREFIX}{validate_checkpoint_id(checkpoint_id)}"
 
 
