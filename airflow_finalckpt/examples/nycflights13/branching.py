@@ -103,6 +103,8 @@ def branching_sinks(
 
 
 def weather_transform(input_dir: str) -> Transform:
+    """The weather stage's transform: the weather rows of the batch's origin airports."""
+
     def transform(ctx: BatchContext) -> DataFrame:
         layout = stages.input_layout(ctx, input_dir)
         return transforms.weather_by_origin(ctx.spark, layout, ctx.splits)
@@ -130,6 +132,7 @@ def enrich_transform(input_dir: str) -> Transform:
 
 
 def carrier_daily_transform(ctx: BatchContext) -> DataFrame:
+    """Flights, cancellations and mean departure delay per carrier and day, from enriched parts."""
     return transforms.carrier_daily(ctx.read_parts())
 
 

@@ -125,6 +125,7 @@ def day_of_split(split_id: str) -> dt.date:
 
 
 def split_file_name(split_id: str) -> str:
+    """The input file name of one day (its split id): ``day=YYYY-MM-DD.parquet``."""
     return f"day={split_id}.parquet"
 
 
@@ -155,6 +156,7 @@ def split_path(layout: InputLayout, split_id: str) -> Path:
 
 
 def dim_path(layout: InputLayout, name: str) -> Path:
+    """The file of a dimension table; a clear error naming the known ones otherwise."""
     try:
         return layout.dim_paths[name]
     except KeyError:

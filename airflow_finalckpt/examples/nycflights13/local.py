@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LocalRun:
+    """What a local run of the example produced: each stage's result and end-of-data record."""
+
     results: dict[str, RunResult] = field(default_factory=dict)
     end_of_data: dict[str, EndOfData] = field(default_factory=dict)
 
@@ -50,6 +52,7 @@ def _stage_fault(
 
 
 def example_graph() -> StageGraph:
+    """The example's four stages: ingest -> enrich -> delay_windows -> publish."""
     return StageGraph.from_edges(STAGE_IDS, EDGES)
 
 

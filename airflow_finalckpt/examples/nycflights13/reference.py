@@ -35,6 +35,8 @@ APPROXIMATE_COLUMNS = ("avg_dep_delay", "avg_arr_delay")
 
 @dataclass(frozen=True)
 class ReferenceResult:
+    """The expected output, computed with pandas alone: the oracle the tests compare with."""
+
     enriched_rows: int
     windows: pd.DataFrame
 
@@ -119,6 +121,7 @@ def reference_windows(enriched: pd.DataFrame) -> pd.DataFrame:
 
 
 def reference_delay_windows(days: Sequence[dt.date]) -> pd.DataFrame:
+    """The delay window table the pipeline must publish for ``days``."""
     return reference_windows(reference_enriched(days))
 
 

@@ -37,6 +37,8 @@ WINDOW_STATE = "open_windows"
 
 @dataclass(frozen=True)
 class ExampleStage:
+    """One stage of the example: its transform, its finish hook and its primary input."""
+
     stage_id: str
     transform: Transform
     on_finish: Transform | None = None
@@ -50,6 +52,8 @@ def input_layout(ctx: BatchContext, input_dir: str) -> InputLayout:
 
 
 def ingest_transform(input_dir: str) -> Transform:
+    """The ingest stage: read the batch's day files of the input directory."""
+
     def transform(ctx: BatchContext) -> DataFrame:
         layout = input_layout(ctx, input_dir)
         return ingest(ctx.spark, [str(split_path(layout, s)) for s in ctx.splits])
@@ -58,6 +62,8 @@ def ingest_transform(input_dir: str) -> Transform:
 
 
 def enrich_transform(input_dir: str) -> Transform:
+    """The enrich stage: join each batch with the dimension tables, read once per attempt."""
+
     def transform(ctx: BatchContext) -> DataFrame:
         # The dims are read from immutable input files: key-checked once per stage attempt and,
         # from its second batch on, held on the driver (``broadcast_table``: no state files, no
@@ -99,10 +105,12 @@ def windows_finish(ctx: BatchContext) -> DataFrame | None:
 
 
 def publish_transform(ctx: BatchContext) -> DataFrame:
+    """The publish stage: pass its input parts on to the sinks unchanged."""
     return ctx.read_parts()
 
 
 def example_stages(input_dir: str) -> list[ExampleStage]:
+    """The example's stages in topological order, reading input from ``input_dir``."""
     return [
         ExampleStage("ingest", ingest_transform(input_dir)),
         ExampleStage("enrich", enrich_transform(input_dir), primary_input="ingest"),
