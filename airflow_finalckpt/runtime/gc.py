@@ -91,6 +91,10 @@ class GcBlockedError(FinalCheckpointError):
 
 
 class KeepReason(StrEnum):
+    """Why a unit was kept: something references it, it is too young, or a batch may be
+    writing it.
+    """
+
     REFERENCED = "referenced"
     GRACE = "grace"
     IN_FLIGHT = "in_flight"
@@ -108,6 +112,8 @@ class GcEntry:
 
 @dataclass(frozen=True)
 class KeptEntry:
+    """A unit kept, why, and the detail (the references, its age)."""
+
     path: str
     reason: KeepReason
     detail: str
@@ -115,6 +121,8 @@ class KeptEntry:
 
 @dataclass(frozen=True)
 class GcReport:
+    """What one collection deleted (or would), kept, noted and failed to delete."""
+
     pipeline_key: str
     pipeline_dir: str
     dry_run: bool
@@ -126,24 +134,30 @@ class GcReport:
 
     @property
     def bytes_freed(self) -> int:
+        """Bytes of the deleted units."""
         return sum(e.bytes for e in self.deleted)
 
     @property
     def files_deleted(self) -> int:
+        """Files in the deleted units."""
         return sum(e.files for e in self.deleted)
 
     @property
     def dirs_deleted(self) -> int:
+        """Deleted units that were directories."""
         return sum(1 for e in self.deleted if e.is_dir)
 
     @property
     def deleted_paths(self) -> list[str]:
+        """Paths of the deleted units, relative to the pipeline dir."""
         return [e.path for e in self.deleted]
 
     def kept_because(self, reason: KeepReason) -> dict[str, str]:
+        """Path -> detail of the units kept for ``reason``."""
         return {k.path: k.detail for k in self.kept if k.reason is reason}
 
     def summary(self) -> str:
+        """One line for the log."""
         verb = "would delete" if self.dry_run else "deleted"
         return (
             f"gc of {self.pipeline_key}: {verb} {len(self.deleted)} entries "
@@ -152,6 +166,7 @@ class GcReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON (``finalckpt gc --json``)."""
         return {
             "pipeline_key": self.pipeline_key,
             "pipeline_dir": self.pipeline_dir,
@@ -503,31 +518,35 @@ class _Index:
 # ---------------------------------------------------------------------------- the collector
 
 
-def collect_garbage(
-    coordinator: CoordinatorPort,
-    storage: CheckpointStorage,
-    *,
-    dry_run: bool = False,
-    grace_s: float = DEFAULT_GRACE_S,
-    clock: Callable[[], float] = time.time,
-) -> GcReport:
-    """Delete the intermediate outputs and superseded state nothing needs any more.
+@dataclass(frozen=True)
+class _Scan:
+    """What the read phase found: the stages' two live reads and the referenced paths."""
 
-    See the module docstring for the rules. Raises UnknownPipelineError for an unregistered
-    pipeline and GcBlockedError (deleting nothing) when a retained checkpoint is unreadable.
+    live_first: Mapping[str, StageView]
+    live: Mapping[str, StageView]
+    needed_by: Mapping[str, str]
+    index: _Index
+
+    def running(self) -> set[str]:
+        """Stages RUNNING in either live read."""
+        return {
+            sid
+            for views in (self.live_first, self.live)
+            for sid, v in views.items()
+            if v.lifecycle is StageLifecycle.RUNNING
+        }
+
+
+def _scan(coordinator: CoordinatorPort, col: _Collector, graph: StageGraph) -> _Scan:
+    """Read every reference, in an order that is safe against concurrent progress.
+
+    Live state, then the acknowledgements of pending checkpoints, then completed checkpoints,
+    then live state again, then the acknowledgements and completed checkpoints once more. A
+    snapshot that becomes referenced meanwhile is caught by a later read (or is newer than the
+    grace period): a stage's state that was live only between the two live reads and was
+    acknowledged there (its checkpoint completing after the first checkpoint read) is found by
+    the reads after the second one.
     """
-    if grace_s < 0:
-        raise ValueError(f"grace period must be >= 0 seconds, got {grace_s}")
-    graph = coordinator.graph()
-    col = _Collector(coordinator, storage, grace_s, clock())
-    key = coordinator.pipeline_key
-
-    # Read order matters against concurrent progress: live state, then the acknowledgements of
-    # pending checkpoints, then completed checkpoints, then live state again, then the
-    # acknowledgements and completed checkpoints once more. A snapshot that becomes referenced
-    # meanwhile is caught by a later read (or is newer than the grace period): a stage's state
-    # that was live only between the two live reads and was acknowledged there (its checkpoint
-    # completing after the first checkpoint read) is found by the reads after the second one.
     live_first = coordinator.stages()
     col.add_live(live_first)
     pending_acks = col.pending_acks()
@@ -548,56 +567,98 @@ def collect_garbage(
             continue
         for part, sources in parts.items():
             referenced.setdefault(part, set()).update(sources | {reason})
-    index = _Index(referenced)
+    return _Scan(live_first, live, needed_by, _Index(referenced))
 
+
+@dataclass(frozen=True)
+class _Judge:
+    """Decides, unit by unit, what is kept and why."""
+
+    index: _Index
+    files: _Files
+    col: _Collector
+    grace_s: float
+    markers: Mapping[str, float | None]
+
+    def keep(self, unit: _Unit) -> KeptEntry | _Stats | None:
+        """A KeptEntry (kept, and why), the unit's stats (delete it), or None (it vanished)."""
+        why = self.index.sources(unit.relpath)
+        if why is not None:
+            return KeptEntry(unit.relpath, KeepReason.REFERENCED, "; ".join(sorted(why)))
+        stats = self.files.stats(unit)
+        if stats.newest is None:
+            if stats.files == 0 and not self.files.fs.exists(f"{self.col.base}/{unit.relpath}"):
+                return None
+            return KeptEntry(unit.relpath, KeepReason.GRACE, "modification time unknown")
+        age = self.col.now - stats.newest
+        if age < self.grace_s:
+            return KeptEntry(
+                unit.relpath,
+                KeepReason.GRACE,
+                f"modified {max(age, 0.0):.0f} s ago, grace period {self.grace_s:.0f} s",
+            )
+        stage = _stage_of(unit.relpath)
+        if stage is not None and stage in self.markers:
+            marker = self.markers[stage]
+            if marker is None or stats.newest >= marker:
+                return KeptEntry(
+                    unit.relpath,
+                    KeepReason.IN_FLIGHT,
+                    f"stage {stage} is RUNNING and this is newer than its last recorded "
+                    "batch (a batch may be in flight)",
+                )
+        return stats
+
+
+def _consumed_notes(col: _Collector, graph: StageGraph, needed_by: Mapping[str, str]) -> list[str]:
+    notes = list(dict.fromkeys(col.refs.notes))
+    for sid in sorted(col.refs.parts):
+        if sid not in needed_by and graph.stages.get(sid) is not None and graph.downstream(sid):
+            notes.append(
+                f"output parts of stage {sid} are consumed: every downstream stage is CLOSED and "
+                "no retained checkpoint needs them"
+            )
+    return notes
+
+
+def collect_garbage(
+    coordinator: CoordinatorPort,
+    storage: CheckpointStorage,
+    *,
+    dry_run: bool = False,
+    grace_s: float = DEFAULT_GRACE_S,
+    clock: Callable[[], float] = time.time,
+) -> GcReport:
+    """Delete the intermediate outputs and superseded state nothing needs any more.
+
+    See the module docstring for the rules. Raises UnknownPipelineError for an unregistered
+    pipeline and GcBlockedError (deleting nothing) when a retained checkpoint is unreadable.
+    """
+    if grace_s < 0:
+        raise ValueError(f"grace period must be >= 0 seconds, got {grace_s}")
+    graph = coordinator.graph()
+    col = _Collector(coordinator, storage, grace_s, clock())
+    key = coordinator.pipeline_key
+    scan = _scan(coordinator, col, graph)
     files = _Files(col.fs, col.base)
-    running = {
-        sid
-        for views in (live_first, live)
-        for sid, v in views.items()
-        if v.lifecycle is StageLifecycle.RUNNING
+    running = scan.running()
+    markers = {
+        sid: _last_recorded(files, scan.live.get(sid) or scan.live_first[sid]) for sid in running
     }
-    markers = {sid: _last_recorded(files, live.get(sid) or live_first[sid]) for sid in running}
+    judge = _Judge(scan.index, files, col, grace_s, markers)
 
     deleted: list[GcEntry] = []
     kept: list[KeptEntry] = []
     errors: list[str] = []
     units = files.units()
     for unit in units:
-        why = index.sources(unit.relpath)
-        if why is not None:
-            kept.append(KeptEntry(unit.relpath, KeepReason.REFERENCED, "; ".join(sorted(why))))
+        verdict = judge.keep(unit)
+        if verdict is None:
+            continue  # vanished meanwhile
+        if isinstance(verdict, KeptEntry):
+            kept.append(verdict)
             continue
-        stats = files.stats(unit)
-        if stats.newest is None:
-            if stats.files == 0 and not files.fs.exists(f"{col.base}/{unit.relpath}"):
-                continue  # vanished meanwhile
-            kept.append(KeptEntry(unit.relpath, KeepReason.GRACE, "modification time unknown"))
-            continue
-        age = col.now - stats.newest
-        if age < grace_s:
-            kept.append(
-                KeptEntry(
-                    unit.relpath,
-                    KeepReason.GRACE,
-                    f"modified {max(age, 0.0):.0f} s ago, grace period {grace_s:.0f} s",
-                )
-            )
-            continue
-        stage = _stage_of(unit.relpath)
-        if stage in running:
-            marker = markers[stage]
-            if marker is None or stats.newest >= marker:
-                kept.append(
-                    KeptEntry(
-                        unit.relpath,
-                        KeepReason.IN_FLIGHT,
-                        f"stage {stage} is RUNNING and this is newer than its last recorded "
-                        "batch (a batch may be in flight)",
-                    )
-                )
-                continue
-        entry = GcEntry(unit.relpath, unit.is_dir, stats.files, stats.bytes)
+        entry = GcEntry(unit.relpath, unit.is_dir, verdict.files, verdict.bytes)
         if dry_run:
             deleted.append(entry)
             continue
@@ -607,13 +668,6 @@ def collect_garbage(
         except OSError as exc:
             errors.append(f"cannot delete {unit.relpath}: {exc}")
     _collect_temporaries(files, units, col.now, grace_s, running, markers, dry_run, deleted, errors)
-    notes = list(dict.fromkeys(col.refs.notes))
-    for sid in sorted(col.refs.parts):
-        if sid not in needed_by and graph.stages.get(sid) is not None and graph.downstream(sid):
-            notes.append(
-                f"output parts of stage {sid} are consumed: every downstream stage is CLOSED and "
-                "no retained checkpoint needs them"
-            )
     report = GcReport(
         pipeline_key=key,
         pipeline_dir=storage.pipeline_dir(key),
@@ -621,7 +675,7 @@ def collect_garbage(
         grace_s=grace_s,
         deleted=tuple(deleted),
         kept=tuple(kept),
-        notes=tuple(notes),
+        notes=tuple(_consumed_notes(col, graph, scan.needed_by)),
         errors=tuple(errors),
     )
     log.debug("%s", report.summary())
@@ -744,21 +798,54 @@ def _why_needed(
     infos: list[CheckpointInfo],
     pending_acks: Mapping[int, Mapping[str, bool]],
 ) -> str | None:
-    for down in downstream:  # the live pipeline first: the most telling reason
-        if down in graph:
-            for views in (live_first, live):
-                view = views.get(down)
-                lifecycle = view.lifecycle if view is not None else StageLifecycle.NOT_STARTED
-                if lifecycle is not StageLifecycle.CLOSED:
-                    return f"{down} ({lifecycle})"
-    for info, record in records:  # a restore of a retained checkpoint re-reads them
+    """Why a stage's output parts are still needed by one of its ``downstream`` stages (the
+    live pipeline first: the most telling reason), None if by none.
+    """
+    return (
+        _needed_live(downstream, graph, (live_first, live))
+        or _needed_by_records(downstream, graph, records)
+        or _needed_by_pending(downstream, graph, infos, pending_acks)
+    )
+
+
+def _needed_live(
+    downstream: list[str], graph: StageGraph, reads: tuple[Mapping[str, StageView], ...]
+) -> str | None:
+    for down in downstream:
+        if down not in graph:
+            continue
+        for views in reads:
+            view = views.get(down)
+            lifecycle = view.lifecycle if view is not None else StageLifecycle.NOT_STARTED
+            if lifecycle is not StageLifecycle.CLOSED:
+                return f"{down} ({lifecycle})"
+    return None
+
+
+def _needed_by_records(
+    downstream: list[str],
+    graph: StageGraph,
+    records: list[tuple[CheckpointInfo, CheckpointRecord]],
+) -> str | None:
+    """A restore of a retained checkpoint re-reads the parts."""
+    for info, record in records:
         for down in downstream:
             rec = record.stages.get(down)
             if rec is None and down in graph:
                 return f"{down} (not in {info.kind} {info.checkpoint_id}: a restore starts it)"
             if rec is not None and rec.status is not StageStatus.FULLY_FINISHED:
                 return f"{down} ({rec.status} in {info.kind} {info.checkpoint_id})"
-    for info in infos:  # so will a restore of a pending one, once it completes
+    return None
+
+
+def _needed_by_pending(
+    downstream: list[str],
+    graph: StageGraph,
+    infos: list[CheckpointInfo],
+    pending_acks: Mapping[int, Mapping[str, bool]],
+) -> str | None:
+    """So will a restore of a pending checkpoint, once it completes."""
+    for info in infos:
         if info.state is not CheckpointState.PENDING:
             continue
         acked_by_finish = pending_acks.get(info.checkpoint_id, {})
