@@ -255,6 +255,58 @@ def one_checkpoint(coordinator: Any, running: Sequence[str], round_no: int) -> C
     )
 
 
+def fan_in(store_url: str, finishing: int) -> dict[str, float]:
+    """``finishing`` stages finish one by one while a sibling runs (each finish its own
+    transition, through the real API), then the sibling reaches its next batch boundary. Returns
+    the total and per-finish cost, the most checkpoints pending at once (read after every
+    finish, outside the timing) and what the sibling's boundary completed.
+    """
+    from airflow_finalckpt.coordination import Coordinator
+    from airflow_finalckpt.core.graph import StageGraph
+    from airflow_finalckpt.core.model import CheckpointState, EndOfData, StageSnapshot
+    from airflow_finalckpt.storage import CheckpointStorage
+    from airflow_finalckpt.store.engine import make_engine
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    engine = make_engine(store_url)
+    try:
+        ensure_schema(engine)
+        with tempfile.TemporaryDirectory(prefix="finalckpt-bench-fan-") as tmp:
+            ids = [f"f{i:05d}" for i in range(finishing)]
+            coordinator = Coordinator(engine, "fan-in", writer=CheckpointStorage(tmp))
+            coordinator.register(StageGraph.from_edges([*ids, "busy"], ()))
+            busy = coordinator.start_attempt("busy", total_splits=10)
+            coordinator.record_batch("busy", busy.epoch, finished_splits=("s0",))
+            epochs = {sid: coordinator.start_attempt(sid, total_splits=1).epoch for sid in ids}
+            total_s = 0.0
+            max_pending = 0
+            for sid in ids:
+                snapshot = StageSnapshot(
+                    finished_splits=frozenset({"s0"}),
+                    end_of_data=EndOfData(manifest=[f"{sid}/p"]),
+                )
+                with Stopwatch() as one:
+                    coordinator.finish(sid, epochs[sid], snapshot)
+                total_s += one.seconds
+                pending = [
+                    c for c in coordinator.checkpoints() if c.state is CheckpointState.PENDING
+                ]
+                max_pending = max(max_pending, len(pending))
+            with Stopwatch() as boundary:
+                outcome = coordinator.record_batch("busy", busy.epoch, finished_splits=("s1",))
+            closable = sum(1 for sid in ids if coordinator.closable_checkpoint(sid) is not None)
+            return {
+                "finishes_s": total_s,
+                "finish_s_mean": total_s / finishing,
+                "max_pending": float(max_pending),
+                "sibling_boundary_s": boundary.seconds,
+                "completed_at_boundary": float(len(outcome.completed)),
+                "closable_after_boundary": float(closable),
+            }
+    finally:
+        engine.dispose()
+
+
 def measure(
     store_url: str,
     size: Size,
@@ -322,6 +374,18 @@ def _backends(tmp: str) -> list[tuple[str, Callable[[], Any]]]:
     return backends
 
 
+#: Acceptance of issue 16: (stages, splits) -> seconds per checkpoint at most.
+CHECKPOINT_LIMITS_S = {(10_000, 100): 2.0, (1000, 1000): 1.5}
+#: ms per acknowledgement at 10,000 stages over 100 stages (100 splits) at most.
+ACK_FLATNESS_LIMIT = 1.5
+#: At most this many checkpoints pending at once while F stages finish beside a running one.
+FAN_IN_MAX_PENDING = 2
+
+
+def fan_sizes(quick: bool) -> tuple[int, ...]:
+    return (5, 10) if quick else (15, 30, 60)
+
+
 def run(quick: bool = False) -> Result:
     result = Result(NAME)
     checkpoints = 1 if quick else 3
@@ -337,6 +401,9 @@ def run(quick: bool = False) -> Result:
         "acknowledgements": "one record_batch per running stage, each its own transition",
         "metadata_storage": "CheckpointStorage on a local temporary directory",
         "linear_limit": LINEAR_LIMIT,
+        "fan_in_finishing": list(fan_sizes(quick)),
+        "fan_in": "F stages finish one by one while a sibling runs, then the sibling's next "
+        "batch boundary; max pending read after every finish",
     }
     pg_problem = postgres_available()
     if pg_problem:
@@ -346,57 +413,151 @@ def run(quick: bool = False) -> Result:
             if backend == "postgresql" and pg_problem:
                 continue
             for series_name, sizes in series.items():
-                xs: list[float] = []
-                ys: list[float] = []
-                for size in sizes:
-                    log(f"{NAME}: {backend} {size.stages} stages x {size.splits} splits")
-                    with store() as url:
-                        count = checkpoints if size.stages <= 1000 else 1
-                        costs, setup, _ = measure(url, size, count)
-                    case = result.case(
-                        f"{backend}/{size.stages}x{size.splits}",
-                        backend=backend,
-                        series=series_name,
-                        stages=size.stages,
-                        splits=size.splits,
-                        running_stages=costs[0].acks,
-                        **setup,
-                    )
-                    for cost in costs:
-                        case.add("seconds_per_checkpoint", cost.total_s)
-                        case.add("trigger_s", cost.trigger_s)
-                        case.add("ack_s_mean", cost.acks_s / max(cost.acks - 1, 1))
-                        case.add("completing_ack_s", cost.last_ack_s)
-                        case.add("metadata_bytes", cost.metadata_bytes)
-                        case.add("plan_bytes", cost.plan_bytes)
-                    case.finalize()
-                    xs.append(size.stages)
-                    ys.append(case.medians["seconds_per_checkpoint"])
-                slope = loglog_slope(xs, ys)
-                key = f"{backend}/{series_name}"
-                result.medians[f"growth_exponent/{key}"] = slope
-                tail = loglog_slope(xs[-2:], ys[-2:])
-                result.medians[f"growth_exponent_last_step/{key}"] = tail
-                # Fixed per-transition costs dominate small graphs and flatten a fit over the
-                # whole range: the largest step shows the asymptotic growth, so it is judged too.
-                worst = max(slope, tail)
-                result.targets.append(
-                    Target(
-                        name=f"growth exponent, {backend}, {series_name}",
-                        target=f"about linear (log-log slope <= {LINEAR_LIMIT})",
-                        measured=worst,
-                        passed=bool(worst <= LINEAR_LIMIT),
-                        note=f"fit over stages {', '.join(str(int(x)) for x in xs)}: "
-                        f"{slope:.2f}; largest step {int(xs[-2])}->{int(xs[-1])}: {tail:.2f}",
-                    )
-                )
+                _scale_series(result, backend, store, series_name, sizes, checkpoints)
+            _acceptance_targets(result, backend)
+            _fan_in_series(result, backend, store, fan_sizes(quick))
     flagged = [t for t in result.targets if t.passed is False]
     if flagged:
         result.notes.append(
-            "cost per checkpoint grows faster than linearly: see docs/benchmarks.md "
+            "a target is missed: see docs/benchmarks.md "
             "(hot spot found with python -m benchmarks.coordinator_scale --profile)"
         )
     return result
+
+
+def _scale_series(
+    result: Result,
+    backend: str,
+    store: Callable[[], Any],
+    series_name: str,
+    sizes: Sequence[Size],
+    checkpoints: int,
+) -> None:
+    """One case per size, then the growth exponent of the series."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for size in sizes:
+        log(f"{NAME}: {backend} {size.stages} stages x {size.splits} splits")
+        with store() as url:
+            count = checkpoints if size.stages <= 1000 else 1
+            costs, setup, _ = measure(url, size, count)
+        case = result.case(
+            f"{backend}/{size.stages}x{size.splits}",
+            backend=backend,
+            series=series_name,
+            stages=size.stages,
+            splits=size.splits,
+            running_stages=costs[0].acks,
+            **setup,
+        )
+        for cost in costs:
+            case.add("seconds_per_checkpoint", cost.total_s)
+            case.add("trigger_s", cost.trigger_s)
+            case.add("ack_s_mean", cost.acks_s / max(cost.acks - 1, 1))
+            case.add("completing_ack_s", cost.last_ack_s)
+            case.add("metadata_bytes", cost.metadata_bytes)
+            case.add("plan_bytes", cost.plan_bytes)
+        case.finalize()
+        xs.append(size.stages)
+        ys.append(case.medians["seconds_per_checkpoint"])
+    slope = loglog_slope(xs, ys)
+    key = f"{backend}/{series_name}"
+    result.medians[f"growth_exponent/{key}"] = slope
+    tail = loglog_slope(xs[-2:], ys[-2:])
+    result.medians[f"growth_exponent_last_step/{key}"] = tail
+    # Fixed per-transition costs dominate small graphs and flatten a fit over the whole
+    # range: the largest step shows the asymptotic growth, so it is judged too.
+    worst = max(slope, tail)
+    result.targets.append(
+        Target(
+            name=f"growth exponent, {backend}, {series_name}",
+            target=f"about linear (log-log slope <= {LINEAR_LIMIT})",
+            measured=worst,
+            passed=bool(worst <= LINEAR_LIMIT),
+            note=f"fit over stages {', '.join(str(int(x)) for x in xs)}: "
+            f"{slope:.2f}; largest step {int(xs[-2])}->{int(xs[-1])}: {tail:.2f}",
+        )
+    )
+
+
+def _case_medians(result: Result, name: str) -> dict[str, Any] | None:
+    for case in result.cases:
+        if case.name == name:
+            return case.medians
+    return None
+
+
+def _acceptance_targets(result: Result, backend: str) -> None:
+    """Issue 16: seconds per checkpoint at the large sizes, ms per ack flat in the graph."""
+    for (stages, splits), limit in CHECKPOINT_LIMITS_S.items():
+        medians = _case_medians(result, f"{backend}/{stages}x{splits}")
+        if medians is None:
+            continue
+        seconds = float(medians["seconds_per_checkpoint"])
+        result.targets.append(
+            Target(
+                name=f"seconds per checkpoint, {backend}, {stages:,} stages x {splits:,} splits",
+                target=f"<= {limit} s (trigger + acknowledgements + completion)",
+                measured=seconds,
+                unit="s",
+                passed=bool(seconds <= limit),
+            )
+        )
+    small = _case_medians(result, f"{backend}/100x100")
+    large = _case_medians(result, f"{backend}/10000x100")
+    if small is None or large is None:
+        return
+    ratio = float(large["ack_s_mean"]) / float(small["ack_s_mean"])
+    result.medians[f"ack_ms_ratio_10000_over_100/{backend}"] = ratio
+    result.targets.append(
+        Target(
+            name=f"ms per acknowledgement, {backend}, 10,000 over 100 stages",
+            target=f"<= {ACK_FLATNESS_LIMIT}x",
+            measured=ratio,
+            unit="x",
+            passed=bool(ratio <= ACK_FLATNESS_LIMIT),
+            note=f"{1000 * float(small['ack_s_mean']):.1f} ms -> "
+            f"{1000 * float(large['ack_s_mean']):.1f} ms",
+        )
+    )
+
+
+def _fan_in_series(
+    result: Result, backend: str, store: Callable[[], Any], sizes: Sequence[int]
+) -> None:
+    """F stages finishing beside a running sibling: pending checkpoints and finish cost."""
+    xs: list[float] = []
+    ys: list[float] = []
+    most = 0.0
+    for finishing in sizes:
+        log(f"{NAME}: {backend}, fan-in of {finishing} finishing stages")
+        with store() as url:
+            got = fan_in(url, finishing)
+        # Medians, not cases: a case here is one graph size of a checkpoint series (charts).
+        for metric, value in got.items():
+            result.medians[f"fan_in/{backend}/F={finishing}/{metric}"] = value
+        xs.append(finishing)
+        ys.append(got["finishes_s"])
+        most = max(most, got["max_pending"])
+    result.targets.append(
+        Target(
+            name=f"fan-in, {backend}: checkpoints pending at once",
+            target=f"<= {FAN_IN_MAX_PENDING} at F = {', '.join(str(f) for f in sizes)}",
+            measured=most,
+            passed=bool(most <= FAN_IN_MAX_PENDING),
+        )
+    )
+    slope = loglog_slope(xs, ys)
+    result.medians[f"fan_in_growth_exponent/{backend}"] = slope
+    result.targets.append(
+        Target(
+            name=f"fan-in, {backend}: total finish cost over F",
+            target=f"at most linear (log-log slope <= {LINEAR_LIMIT})",
+            measured=slope,
+            passed=bool(slope <= LINEAR_LIMIT),
+            note=", ".join(f"F={int(x)}: {y:.3f} s" for x, y in zip(xs, ys, strict=True)),
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,7 +567,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="profile one checkpoint of a large graph")
     parser.add_argument("--profile", nargs=2, type=int, metavar=("STAGES", "SPLITS"))
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--fan-in", type=int, nargs="+", metavar="F", help="only the fan-in case")
     args = parser.parse_args(argv)
+    if args.fan_in:
+        with tempfile.TemporaryDirectory(prefix="finalckpt-bench-fan-") as tmp:
+            store = dict(_backends(tmp))[args.backend]
+            for finishing in args.fan_in:
+                with store() as url:
+                    print(f"F={finishing}: {fan_in(url, finishing)}")
+        return 0
     stages, splits = args.profile or (1000, 100)
     with tempfile.TemporaryDirectory(prefix="finalckpt-bench-prof-") as tmp:
         store = dict(_backends(tmp))[args.backend]

@@ -13,12 +13,14 @@ from functools import partial
 
 from airflow_finalckpt.core import failure, observe
 from airflow_finalckpt.core import transitions as rules
+from airflow_finalckpt.core import transitions_eager as eager_rules
 from airflow_finalckpt.core import transitions_stop as stop_rules
 from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.metadata.writer import CheckpointWriter
-from airflow_finalckpt.core.model import CheckpointKind, StopState, TriggerReason
+from airflow_finalckpt.core.model import CheckpointKind, StageLifecycle, StopState, TriggerReason
 from airflow_finalckpt.core.plan import calculate_plan
+from airflow_finalckpt.core.transitions_eager import FinishJoin
 from airflow_finalckpt.core.views import AckOutcome, draining, timed_out
 from airflow_finalckpt.store.repository import CoordinationStore
 from airflow_finalckpt.store.writes import StoreWriter
@@ -67,21 +69,49 @@ class Checkpointing:
     def trigger(self, tx: Tx, kind: CheckpointKind, reason: TriggerReason) -> int:
         """Plan and insert a checkpoint; one with nothing to acknowledge completes at once."""
         graph = self.shape(tx)
-        rows = tx.rows.stage_rows()
+        # Lifecycles of every stage, progress only of the unfinished ones: a finished stage is
+        # a flag in the plan, its finished split list is never read here.
+        rows = tx.rows.plan_rows()
         plan = calculate_plan(graph, rules.live_progress(graph, rows))
         checkpoint_id = tx.rows.allocate_id(self.clock())
         tx.rows.insert_checkpoint(checkpoint_id, kind, reason, plan, self.clock())
-        for sid in rules.covered_on_trigger(plan, rows):
-            tx.rows.stamp_transactions(sid, checkpoint_id)
+        tx.rows.stamp_stages_transactions(rules.covered_on_trigger(plan, rows), checkpoint_id)
         if not plan.to_ack:
             self.complete(tx, checkpoint_id)
         return checkpoint_id
 
+    def eager_kind(self, tx: Tx, finishing: str | None = None) -> CheckpointKind | None:
+        """What finishing would trigger now (see ``transitions_stop.eager_kind``);
+        ``finishing``: a stage counted as finished already (its row is written later).
+        """
+        stop = tx.rows.latest_stop()
+        lifecycles = tx.rows.lifecycles() if draining(stop) else {}
+        if finishing is not None and lifecycles:
+            lifecycles[finishing] = StageLifecycle.FINISHED
+        return stop_rules.eager_kind(stop, list(lifecycles.values()))
+
+    def finish_join(self, tx: Tx, stage_id: str) -> FinishJoin | None:
+        """The pending eager checkpoint a finishing stage joins instead of triggering its own
+        (``transitions_eager``), None if it triggers one.
+        """
+        may_join = self.eager_kind(tx, stage_id) is CheckpointKind.CHECKPOINT
+        return eager_rules.finish_acks(tx.rows.pending_for_finish(stage_id), may_join)
+
+    def answer_finish(self, tx: Tx, stage_id: str, epoch: int, join: FinishJoin | None) -> None:
+        """A finish acknowledges, with its final snapshot, every pending checkpoint that waits
+        for the stage, and the ones it joins.
+        """
+        if join is None:
+            for cid in tx.rows.awaiting(stage_id):
+                self.ack(tx, cid, stage_id, epoch, by_finish=True)
+            return
+        for cid in join.by_finish:
+            self.ack(tx, cid, stage_id, epoch, by_finish=True, joins=cid in join.joined)
+
     def eager_trigger(self, tx: Tx) -> int | None:
         """What finishing triggers (see ``transitions_stop.eager_kind``)."""
+        kind = self.eager_kind(tx)
         stop = tx.rows.latest_stop()
-        lifecycles = [r.lifecycle for r in tx.rows.stage_rows().values()] if draining(stop) else []
-        kind = stop_rules.eager_kind(stop, lifecycles)
         if kind is None:
             return None
         if kind is CheckpointKind.DRAINED_SAVEPOINT:
@@ -104,27 +134,38 @@ class Checkpointing:
     # ------------------------------------------------------------------ acknowledge
 
     def ack(
-        self, tx: Tx, checkpoint_id: int, stage_id: str, epoch: int, *, by_finish: bool
+        self,
+        tx: Tx,
+        checkpoint_id: int,
+        stage_id: str,
+        epoch: int,
+        *,
+        by_finish: bool,
+        joins: bool = False,
     ) -> AckOutcome:
-        """Record the stage's acknowledgement; the last one completes the checkpoint."""
-        state, acks_pending, triggered_at, to_ack = tx.rows.ack_target(checkpoint_id)
-        gate = rules.ack_gate(checkpoint_id, stage_id, state, to_ack)
+        """Record the stage's acknowledgement; the last one completes the checkpoint. ``joins``:
+        a finish joins a checkpoint that did not wait for the stage (``transitions_eager``): its
+        final snapshot is recorded, the count of pending acknowledgements stays.
+        """
+        target = tx.rows.ack_target(checkpoint_id, stage_id)
+        gate = rules.ack_gate(checkpoint_id, stage_id, target, joins=joins)
         if gate is not None:
             return gate
-        if tx.rows.acked(checkpoint_id, stage_id):
-            return AckOutcome.DUPLICATE
         if rules.stamps_on_ack(checkpoint_id, tx.rows.newest_ack(stage_id)):
             tx.rows.stamp_transactions(stage_id, checkpoint_id)
         progress = tx.rows.stage_row(stage_id).progress
         snapshot = rules.ack_snapshot(progress, tx.rows.uncommitted(stage_id))
         acked_at = self.clock()
         tx.rows.insert_ack(checkpoint_id, stage_id, epoch, by_finish, snapshot, acked_at)
-        remaining = acks_pending - 1
+        if not target.due:  # joined: nobody waited for it
+            return AckOutcome.ACCEPTED
+        tx.rows.ack_done(checkpoint_id, stage_id)
+        remaining = target.acks_pending - 1
         event = observe.CheckpointAcknowledged(
             self.key,
             checkpoint_id,
             stage_id,
-            acked_at - triggered_at,
+            acked_at - target.triggered_at,
             by_finish,
             remaining == 0,
         )

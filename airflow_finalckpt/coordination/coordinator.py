@@ -317,14 +317,16 @@ class Coordinator(CoordinatorReads):
             done = stage_rules.already_finished(row)
             if done is not None:
                 return done
-            threshold = tx.rows.next_checkpoint_id()
+            # Coalescing: an eager checkpoint in flight that can still take the final snapshot
+            # is joined (its id is the threshold) instead of triggering one more.
+            join = self._ops.finish_join(tx, stage_id)
+            threshold = tx.rows.next_checkpoint_id() if join is None else join.threshold
             change, eod = stage_rules.finish(row, snapshot, threshold)
             now = self.clock()
             tx.rows.record_transactions(stage_id, epoch, snapshot.pending_transactions, now)
             tx.rows.update_stage(stage_id, change, now)
-            for cid in tx.rows.awaiting(stage_id):
-                self._ops.ack(tx, cid, stage_id, epoch, by_finish=True)
-            eager = self._ops.eager_trigger(tx)
+            self._ops.answer_finish(tx, stage_id, epoch, join)
+            eager = self._ops.eager_trigger(tx) if join is None else join.threshold
             return FinishOutcome(threshold, eager, eod)
 
     def ensure_final_checkpoint(self, stage_id: str) -> int | None:
@@ -446,7 +448,7 @@ class Coordinator(CoordinatorReads):
         with self._transition() as tx:
             self._ops.expire(tx)
             stop = tx.rows.latest_stop()
-            lifecycles = [r.lifecycle for r in tx.rows.stage_rows().values()]
+            lifecycles = list(tx.rows.lifecycles().values())
             stop_rules.check_stop_request(self.pipeline_key, stop, lifecycles)
             request_id = tx.rows.insert_stop(mode, requested_by, self.clock())
             kind = stop_rules.stop_savepoint(mode, lifecycles)
@@ -474,7 +476,7 @@ class Coordinator(CoordinatorReads):
                 state=StopState.RESUMED,
                 requested_by=requested_by or stop.requested_by,
             )
-            lifecycles = [r.lifecycle for r in tx.rows.stage_rows().values()]
+            lifecycles = list(tx.rows.lifecycles().values())
             if stop_rules.resume_needs_checkpoint(lifecycles):
                 self._ops.trigger(tx, CheckpointKind.CHECKPOINT, TriggerReason.EAGER_FINAL)
             result = tx.rows.latest_stop()

@@ -32,18 +32,25 @@ class CheckpointPlan:
     partially_finished: Mapping[str, frozenset[str]] = field(default_factory=dict)
     statuses: Mapping[str, StageStatus] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, object]:
-        return {
+    def to_dict(self, *, splits: bool = True) -> dict[str, object]:
+        """The plan as JSON. ``splits=False`` leaves the finished split ids out (what the store
+        keeps: nothing reads them back, the completion records the acknowledged snapshots, and
+        they are O(running stages x splits) of JSON written at every trigger).
+        """
+        data: dict[str, object] = {
             "to_trigger": list(self.to_trigger),
             "to_ack": list(self.to_ack),
             "fully_finished": list(self.fully_finished),
             "not_started": list(self.not_started),
-            "partially_finished": {k: sorted(v) for k, v in self.partially_finished.items()},
             "statuses": {k: str(v) for k, v in self.statuses.items()},
         }
+        if splits:
+            data["partially_finished"] = {k: sorted(v) for k, v in self.partially_finished.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> CheckpointPlan:
+        """A plan from its JSON (a stored one has no finished split ids)."""
         partial = data.get("partially_finished") or {}
         statuses = data.get("statuses") or {}
         assert isinstance(partial, dict) and isinstance(statuses, dict)

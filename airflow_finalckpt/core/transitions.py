@@ -29,6 +29,7 @@ from airflow_finalckpt.core.plan import CheckpointPlan
 from airflow_finalckpt.core.views import (
     AckOutcome,
     AckRow,
+    AckTarget,
     CheckpointInfo,
     StageRow,
     StopRequest,
@@ -66,19 +67,24 @@ def covered_on_trigger(plan: CheckpointPlan, rows: Mapping[str, StageRow]) -> li
 
 
 def ack_gate(
-    checkpoint_id: int, stage_id: str, state: CheckpointState, to_ack: Sequence[str]
+    checkpoint_id: int, stage_id: str, target: AckTarget, *, joins: bool = False
 ) -> AckOutcome | None:
-    """NOT_PENDING for a checkpoint no longer pending; IllegalTransitionError for one that
-    does not wait for the stage; None: go on.
+    """NOT_PENDING for a checkpoint no longer pending, DUPLICATE for one the stage acknowledged
+    already; IllegalTransitionError for one that does not wait for the stage, unless a finish
+    ``joins`` it (``transitions_eager``); None: go on.
     """
-    if state is not CheckpointState.PENDING:
+    if target.state is not CheckpointState.PENDING:
         return AckOutcome.NOT_PENDING
-    if stage_id not in to_ack:
-        raise IllegalTransitionError(
-            f"checkpoint {checkpoint_id} does not wait for stage {stage_id!r} "
-            f"(it was not running when the checkpoint was triggered)"
-        )
-    return None
+    if target.due:
+        return None
+    if target.acked:
+        return AckOutcome.DUPLICATE
+    if joins:
+        return None
+    raise IllegalTransitionError(
+        f"checkpoint {checkpoint_id} does not wait for stage {stage_id!r} "
+        f"(it was not running when the checkpoint was triggered)"
+    )
 
 
 def stamps_on_ack(checkpoint_id: int, newest_acked: int | None) -> bool:

@@ -342,6 +342,19 @@ class StageChange:
 
 
 @dataclass(frozen=True)
+class AckTarget:
+    """What an acknowledgement decides on: the checkpoint's state and counters, whether it
+    still waits for the stage (``due``) and whether the stage acknowledged it (``acked``).
+    """
+
+    state: CheckpointState
+    acks_pending: int
+    triggered_at: float
+    due: bool
+    acked: bool
+
+
+@dataclass(frozen=True)
 class AckRow:
     """A stored acknowledgement: the snapshot a stage answered a checkpoint with."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, func, select
+from sqlalchemy import JSON, Connection, RowMapping, case, func, null, select, type_coerce
 
 from airflow_finalckpt.core.errors import (
     IllegalTransitionError,
@@ -24,9 +24,12 @@ from airflow_finalckpt.core.model import (
     StageLifecycle,
     StageSnapshot,
     TransactionState,
+    TriggerReason,
 )
+from airflow_finalckpt.core.transitions_eager import PendingCheckpoint
 from airflow_finalckpt.core.views import (
     AckRow,
+    AckTarget,
     CheckpointInfo,
     PipelineSnapshot,
     StageRow,
@@ -44,6 +47,8 @@ CANDIDATE_STATES = (
     CheckpointState.COMPLETED.value,
     CheckpointState.DISCARDED.value,
 )
+#: Lifecycles of a stage that is (or was, suspended) running: it has progress but no final.
+RUNNING_STATES = (StageLifecycle.RUNNING.value, StageLifecycle.SUSPENDED.value)
 
 
 class StoreReader:
@@ -105,6 +110,40 @@ class StoreReader:
             ).mappings()
         }
 
+    def lifecycles(self) -> dict[str, StageLifecycle]:
+        """Every stage's lifecycle, by stage id (no progress JSON)."""
+        rows = self.conn.execute(
+            select(t.stages.c.stage_id, t.stages.c.lifecycle).where(
+                t.stages.c.pipeline_key == self.key
+            )
+        ).all()
+        return {str(sid): StageLifecycle(lifecycle) for sid, lifecycle in rows}
+
+    def plan_rows(self) -> dict[str, StageRow]:
+        """Every stage as the plan calculator needs it: the progress JSON only of stages that
+        have not finished (a finished stage is a flag in the plan; its finished split lists are
+        what made a trigger O(finished splits)); their final snapshots not at all.
+        """
+        s = t.stages.c
+        unfinished = [StageLifecycle.NOT_STARTED.value, *RUNNING_STATES]
+        progress = type_coerce(case((s.lifecycle.in_(unfinished), s.progress), else_=null()), JSON)
+        rows = self.conn.execute(
+            select(
+                s.stage_id,
+                s.lifecycle,
+                s.epoch,
+                s.total_splits,
+                s.finish_threshold,
+                s.closed_checkpoint_id,
+                s.updated_at,
+                progress.label("progress"),
+                null().label("final_snapshot"),
+            )
+            .where(s.pipeline_key == self.key)
+            .order_by(s.stage_id)
+        ).mappings()
+        return {row["stage_id"]: r.stage_row(row) for row in rows}
+
     def stage_row(self, stage_id: str) -> StageRow:
         """One stage; UnknownStageError if the pipeline has no such stage."""
         row = (
@@ -152,24 +191,30 @@ class StoreReader:
         """One checkpoint; UnknownCheckpointError if there is none."""
         return r.checkpoint_info(self._checkpoint(checkpoint_id))
 
-    def ack_target(self, checkpoint_id: int) -> tuple[CheckpointState, int, float, list[str]]:
-        """(state, acks pending, triggered_at, to_ack) only: the whole plan (O(stages +
-        finished splits) of JSON) would make every acknowledgement O(graph).
+    def ack_target(self, checkpoint_id: int, stage_id: str) -> AckTarget:
+        """What an acknowledgement of ``checkpoint_id`` by ``stage_id`` decides on: O(1) rows
+        (the checkpoint's counters and the stage's row in ``finalckpt_acks_due``), never the
+        plan's JSON.
         """
         c = t.checkpoints.c
-        row = self._checkpoint(
-            checkpoint_id,
-            c.state,
-            c.acks_pending,
-            c.triggered_at,
-            c.plan["to_ack"].label("to_ack"),
+        row = self._checkpoint(checkpoint_id, c.state, c.acks_pending, c.triggered_at)
+        return AckTarget(
+            state=CheckpointState(row["state"]),
+            acks_pending=int(row["acks_pending"]),
+            triggered_at=float(row["triggered_at"]),
+            due=self._due(checkpoint_id, stage_id),
+            acked=self.acked(checkpoint_id, stage_id),
         )
-        return (
-            CheckpointState(row["state"]),
-            int(row["acks_pending"]),
-            float(row["triggered_at"]),
-            list(row["to_ack"] or ()),
-        )
+
+    def _due(self, checkpoint_id: int, stage_id: str) -> bool:
+        found = self.conn.execute(
+            select(t.acks_due.c.stage_id).where(
+                t.acks_due.c.pipeline_key == self.key,
+                t.acks_due.c.checkpoint_id == checkpoint_id,
+                t.acks_due.c.stage_id == stage_id,
+            )
+        ).first()
+        return found is not None
 
     def checkpoint_state(self, checkpoint_id: int) -> CheckpointState | None:
         """The checkpoint's state, None if it does not exist."""
@@ -248,21 +293,75 @@ class StoreReader:
         return [(int(cid), CheckpointKind(kind)) for cid, kind in rows]
 
     def awaiting(self, stage_id: str) -> list[int]:
-        """Pending checkpoints whose plan waits for ``stage_id`` and that it has not acked."""
-        acked = select(t.acks.c.checkpoint_id).where(
-            t.acks.c.pipeline_key == self.key, t.acks.c.stage_id == stage_id
+        """Pending checkpoints that wait for ``stage_id``'s acknowledgement, oldest first
+        (its rows in ``finalckpt_acks_due``, by the stage index).
+        """
+        due, cks = t.acks_due, t.checkpoints
+        rows = self.conn.execute(
+            select(due.c.checkpoint_id)
+            .join(
+                cks,
+                (cks.c.pipeline_key == due.c.pipeline_key)
+                & (cks.c.checkpoint_id == due.c.checkpoint_id),
+            )
+            .where(
+                due.c.pipeline_key == self.key,
+                due.c.stage_id == stage_id,
+                cks.c.state == CheckpointState.PENDING.value,
+            )
+            .order_by(due.c.checkpoint_id)
+        ).scalars()
+        return [int(cid) for cid in rows]
+
+    def pending_for_finish(self, stage_id: str) -> list[PendingCheckpoint]:
+        """Every pending checkpoint as a finish of ``stage_id`` decides on it (whether it waits
+        for the stage, whether the stage acknowledged it), oldest first: O(pending) rows.
+        """
+        cks, due, acks = t.checkpoints, t.acks_due, t.acks
+        waits = (
+            select(due.c.stage_id)
+            .where(
+                due.c.pipeline_key == cks.c.pipeline_key,
+                due.c.checkpoint_id == cks.c.checkpoint_id,
+                due.c.stage_id == stage_id,
+            )
+            .correlate(cks)
+            .exists()
+        )
+        answered = (
+            select(acks.c.stage_id)
+            .where(
+                acks.c.pipeline_key == cks.c.pipeline_key,
+                acks.c.checkpoint_id == cks.c.checkpoint_id,
+                acks.c.stage_id == stage_id,
+            )
+            .correlate(cks)
+            .exists()
         )
         rows = self.conn.execute(
-            select(t.checkpoints.c.checkpoint_id, t.checkpoints.c.plan["to_ack"])
-            .where(
-                t.checkpoints.c.pipeline_key == self.key,
-                t.checkpoints.c.state == CheckpointState.PENDING.value,
-                t.checkpoints.c.checkpoint_id.not_in(acked),
+            select(
+                cks.c.checkpoint_id,
+                cks.c.kind,
+                cks.c.reason,
+                waits.label("waits"),
+                answered.label("answered"),
             )
-            .order_by(t.checkpoints.c.checkpoint_id)
+            .where(
+                cks.c.pipeline_key == self.key,
+                cks.c.state == CheckpointState.PENDING.value,
+            )
+            .order_by(cks.c.checkpoint_id)
         ).all()
-        # Only the plan's to_ack list (the running stages) is read, not the whole plan.
-        return [int(cid) for cid, to_ack in rows if stage_id in (to_ack or ())]
+        return [
+            PendingCheckpoint(
+                checkpoint_id=int(row.checkpoint_id),
+                kind=CheckpointKind(row.kind),
+                reason=TriggerReason(row.reason),
+                waits_for_stage=bool(row.waits),
+                acked_by_stage=bool(row.answered),
+            )
+            for row in rows
+        ]
 
     def first_completed_from(self, threshold: int | None) -> int | None:
         """The lowest checkpoint >= ``threshold`` that completed (discarded since or not)."""

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKeyConstraint,
+    Index,
     Integer,
     MetaData,
     String,
@@ -101,6 +102,27 @@ acks = Table(
         ["finalckpt_checkpoints.pipeline_key", "finalckpt_checkpoints.checkpoint_id"],
         ondelete="CASCADE",
     ),
+    # "Which checkpoints did this stage acknowledge" (the newest one, whether it acked one):
+    # the primary key starts with the checkpoint id, so without it that scans every ack kept.
+    Index("ix_finalckpt_acks_stage", "pipeline_key", "stage_id", "checkpoint_id"),
+)
+
+#: Who must still acknowledge a pending checkpoint: one row per (checkpoint, stage) of its
+#: plan's ``to_ack``, deleted by the stage's acknowledgement and with the checkpoint once it is
+#: no longer pending. An acknowledgement touches O(1) rows here (by the stage index), never the
+#: plan's JSON.
+acks_due = Table(
+    "finalckpt_acks_due",
+    metadata,
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("checkpoint_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("stage_id", KEY, primary_key=True),
+    ForeignKeyConstraint(
+        ["pipeline_key", "checkpoint_id"],
+        ["finalckpt_checkpoints.pipeline_key", "finalckpt_checkpoints.checkpoint_id"],
+        ondelete="CASCADE",
+    ),
+    Index("ix_finalckpt_acks_due_stage", "pipeline_key", "stage_id", "checkpoint_id"),
 )
 
 transactions = Table(

@@ -140,11 +140,19 @@ class StoreWriter(StoreReader):
                 kind=kind.value,
                 reason=reason.value,
                 state=CheckpointState.PENDING.value,
-                plan=plan.to_dict(),
+                plan=plan.to_dict(splits=False),
                 acks_pending=len(plan.to_ack),
                 triggered_at=now,
             )
         )
+        if plan.to_ack:
+            self.conn.execute(
+                t.acks_due.insert(),
+                [
+                    {"pipeline_key": self.key, "checkpoint_id": checkpoint_id, "stage_id": sid}
+                    for sid in plan.to_ack
+                ],
+            )
 
     def import_checkpoint(self, record: CheckpointRecord, source: str) -> None:
         """A completed checkpoint restored from ``source`` that this store never saw."""
@@ -183,8 +191,29 @@ class StoreWriter(StoreReader):
         """Count down the acknowledgements a checkpoint waits for."""
         self._update_checkpoint(checkpoint_id, {"acks_pending": remaining})
 
+    def ack_done(self, checkpoint_id: int, stage_id: str) -> None:
+        """The checkpoint no longer waits for the stage (its row in ``finalckpt_acks_due``)."""
+        due = t.acks_due.c
+        self.conn.execute(
+            t.acks_due.delete().where(
+                due.pipeline_key == self.key,
+                due.checkpoint_id == checkpoint_id,
+                due.stage_id == stage_id,
+            )
+        )
+
+    def _forget_due(self, checkpoint_id: int) -> None:
+        """A checkpoint that is no longer pending waits for nobody."""
+        due = t.acks_due.c
+        self.conn.execute(
+            t.acks_due.delete().where(
+                due.pipeline_key == self.key, due.checkpoint_id == checkpoint_id
+            )
+        )
+
     def mark_aborted(self, checkpoint_id: int, kind: CheckpointFailureReason, detail: str) -> None:
         """ABORTED, with its cause and detail."""
+        self._forget_due(checkpoint_id)
         self._update_checkpoint(
             checkpoint_id,
             {
@@ -198,6 +227,7 @@ class StoreWriter(StoreReader):
         self, checkpoint_id: int, now: float, path: str | None, size: int | None
     ) -> None:
         """COMPLETED, with where its metadata is."""
+        self._forget_due(checkpoint_id)
         self._update_checkpoint(
             checkpoint_id,
             {
@@ -259,11 +289,17 @@ class StoreWriter(StoreReader):
 
     def stamp_transactions(self, stage_id: str, checkpoint_id: int) -> None:
         """The stage's uncovered pre-committed transactions are covered by ``checkpoint_id``."""
+        self.stamp_stages_transactions([stage_id], checkpoint_id)
+
+    def stamp_stages_transactions(self, stage_ids: Sequence[str], checkpoint_id: int) -> None:
+        """``stamp_transactions`` of several stages in one statement (what a trigger covers)."""
+        if not stage_ids:
+            return
         self.conn.execute(
             update(t.transactions)
             .where(
                 t.transactions.c.pipeline_key == self.key,
-                t.transactions.c.stage_id == stage_id,
+                t.transactions.c.stage_id.in_(stage_ids),
                 t.transactions.c.state == TransactionState.PRECOMMITTED.value,
                 t.transactions.c.checkpoint_id.is_(None),
             )

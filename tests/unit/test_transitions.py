@@ -32,6 +32,7 @@ from airflow_finalckpt.core.plan import CheckpointPlan, calculate_plan
 from airflow_finalckpt.core.views import (
     AckOutcome,
     AckRow,
+    AckTarget,
     CheckpointInfo,
     PipelineSnapshot,
     StageRow,
@@ -143,12 +144,22 @@ def test_live_progress_ignores_stages_the_graph_no_longer_has() -> None:
 # ---------------------------------------------------------------------------------- ack
 
 
+def target(state: CheckpointState, *, due: bool, acked: bool = False) -> AckTarget:
+    return AckTarget(state=state, acks_pending=1, triggered_at=0.0, due=due, acked=acked)
+
+
 def test_ack_gate() -> None:
-    assert rules.ack_gate(1, "a", CheckpointState.PENDING, ["a"]) is None
+    assert rules.ack_gate(1, "a", target(CheckpointState.PENDING, due=True)) is None
     for state in (CheckpointState.COMPLETED, CheckpointState.ABORTED, CheckpointState.DISCARDED):
-        assert rules.ack_gate(1, "a", state, []) is AckOutcome.NOT_PENDING
+        assert rules.ack_gate(1, "a", target(state, due=True)) is AckOutcome.NOT_PENDING
+        assert rules.ack_gate(1, "a", target(state, due=False)) is AckOutcome.NOT_PENDING
+    acked = target(CheckpointState.PENDING, due=False, acked=True)
+    assert rules.ack_gate(1, "a", acked) is AckOutcome.DUPLICATE
+    assert rules.ack_gate(1, "a", acked, joins=True) is AckOutcome.DUPLICATE
     with pytest.raises(IllegalTransitionError, match="does not wait for stage 'b'"):
-        rules.ack_gate(1, "b", CheckpointState.PENDING, ["a"])
+        rules.ack_gate(1, "b", target(CheckpointState.PENDING, due=False))
+    # a finish joining a checkpoint that did not wait for it goes on
+    assert rules.ack_gate(1, "b", target(CheckpointState.PENDING, due=False), joins=True) is None
 
 
 def test_out_of_order_ack_does_not_stamp_new_transactions() -> None:
