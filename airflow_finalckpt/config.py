@@ -418,6 +418,27 @@ def _read_airflow_cfg(name: str) -> str | None:
     return str(value)
 
 
+def airflow_option(section: str, name: str) -> tuple[str | None, str]:
+    """``[section] name`` for options outside the settings below (the CLI's API client, Airflow's
+    ``[api] base_url``): env ``AIRFLOW__<SECTION>__<NAME>`` first (read without Airflow too),
+    then Airflow's config API (airflow.cfg, and ``_cmd`` / ``_secret`` for sensitive options).
+    Returns (value, where it came from), or (None, "unset").
+    """
+    env_name = f"AIRFLOW__{section.upper()}__{name.upper()}"
+    if os.environ.get(env_name, "").strip():
+        return os.environ[env_name].strip(), f"env {env_name}"
+    try:
+        from airflow.configuration import conf
+
+        value = conf.get(section, name, fallback=None)
+    except Exception as exc:  # Not installed, or a broken config: the option is unset here.
+        log.debug("Airflow's config [%s] %s could not be read: %s", section, name, exc)
+        return None, "unset"
+    if value is None or not str(value).strip():
+        return None, "unset"
+    return str(value).strip(), f"airflow.cfg [{section}] {name}"
+
+
 # --------------------------------------------------------------------------- resolution
 
 Parser = Callable[[Any], Any]

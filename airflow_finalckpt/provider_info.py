@@ -29,16 +29,26 @@ FIRST_VERSION = "0.1.0"
 
 
 def _option(
-    description: str, kind: str, default: str | None, example: str | None
+    description: str,
+    kind: str,
+    default: str | None,
+    example: str | None,
+    *,
+    sensitive: bool = False,
 ) -> dict[str, Any]:
-    """One option in the shape of Airflow's ``config.yml`` (provider_info ``config`` schema)."""
-    return {
+    """One option in the shape of Airflow's ``config.yml`` (provider_info ``config`` schema);
+    a ``sensitive`` one is masked by Airflow and may come from ``_CMD`` / ``_SECRET``.
+    """
+    option: dict[str, Any] = {
         "description": description,
         "version_added": FIRST_VERSION,
         "type": kind,
         "example": example,
         "default": default,
     }
+    if sensitive:
+        option["sensitive"] = True
+    return option
 
 
 #: The ``[finalckpt]`` options: description, type, default (a template) and example.
@@ -103,6 +113,36 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "30.0",
         "60",
     ),
+    # the `finalckpt` CLI's way to Airflow's REST API (finalckpt restore); no defaults
+    "api_url": _option(
+        "Base URL of the Airflow api-server the finalckpt CLI talks to (restore: the DAG's "
+        "graph, new DAG runs). Unset: [api] base_url, else http://localhost:8080.",
+        "string",
+        None,
+        "https://airflow.example.com",
+    ),
+    "api_token": _option(
+        "Bearer token (JWT) the finalckpt CLI sends to the Airflow API, e.g. from POST "
+        "/auth/token. Unset: api_username and api_password get one.",
+        "string",
+        None,
+        None,
+        sensitive=True,
+    ),
+    "api_username": _option(
+        "Airflow user the finalckpt CLI logs in as (POST /auth/token) when no api_token is set.",
+        "string",
+        None,
+        "admin",
+    ),
+    "api_password": _option(
+        "Password of api_username (use AIRFLOW__FINALCKPT__API_PASSWORD_CMD / _SECRET or a "
+        "secrets backend rather than airflow.cfg).",
+        "string",
+        None,
+        None,
+        sensitive=True,
+    ),
     "spark_execution": _option(
         "How stage tasks run Spark when neither the operator nor the Spark connection's "
         "finalckpt-execution extra says: in-process, submit or connect. Unset: automatic "
@@ -113,7 +153,11 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
     ),
 }
 
-#: Settings of ``config.py``: every option with a default (spark_execution has none).
+#: Options only the ``finalckpt`` CLI reads (``cli/airflow_api.py``), all without defaults.
+API_CLIENT_OPTIONS = ("api_url", "api_token", "api_username", "api_password")
+
+#: Settings of ``config.py``: every option with a default (spark_execution and the API
+#: client's options have none).
 SETTING_DEFAULTS: dict[str, str] = {
     name: option["default"]
     for name, option in CONFIG_OPTIONS.items()

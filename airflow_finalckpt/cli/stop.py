@@ -2,17 +2,22 @@
 
 They act on the coordination store directly (like ``airflow`` CLI commands on the metadata
 database), through the same ``PipelineControl`` as the REST API and the UI page. ``restore``
-also needs a local Airflow installation: it creates the new DAG run with Airflow's own client.
+also talks to Airflow's api-server over its REST API (``cli/airflow_api.py``): the DAG's graph
+to check against, and the new DAG run.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from airflow_finalckpt.cli.airflow_api import AirflowApi
 
 from airflow_finalckpt.cli._shared import (
     EXIT_ERROR,
@@ -162,6 +167,13 @@ def resume(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> No
     "such a graph change is refused.",
 )
 @click.option("--dry-run", is_flag=True, help="Only check, and print what the restore will do.")
+@click.option(
+    "--no-graph-check",
+    is_flag=True,
+    help="Do not ask the Airflow API for the DAG's graph (e.g. a dry run while it is "
+    "unreachable): only the savepoint is checked here; the stage tasks still check the graph "
+    "before they write anything.",
+)
 @json_option
 @store_url_option
 def restore(
@@ -170,6 +182,7 @@ def restore(
     run_id: str | None,
     allow_drop_stages: tuple[str, ...],
     dry_run: bool,
+    no_graph_check: bool,
     as_json: bool,
     store_url: str | None,
 ) -> None:
@@ -180,48 +193,57 @@ def restore(
     anything; the dry run prints what the restore will do per stage. Refused: a drained
     savepoint, an unreadable or corrupt one, a savepoint of another pipeline, a graph change
     that would lose progress (unless --allow-drop-stage names the stage).
-    """
-    with _control(store_url) as control:
-        check = control.plan_restore(
-            dag_id, savepoint_path, _dag_graph, allow_drop_stages=allow_drop_stages
-        )
-    if as_json:
-        _echo_json(check.model_dump(mode="json"))
-    else:
-        for line in check.lines():
-            click.echo(line)
-        click.echo(f"can be restored into {dag_id}")
-    if dry_run:
-        return
-    conf: dict[str, object] = {"restore_from": savepoint_path}
-    if allow_drop_stages:
-        conf[ALLOW_DROP_STAGES_KEY] = list(allow_drop_stages)
-    try:
-        from airflow.api.client import get_current_api_client
 
-        client = get_current_api_client()
-        run = client.trigger_dag(
-            dag_id=dag_id, run_id=run_id, conf=conf, triggering_user_name=_user()
+    The DAG's graph and the new DAG run come from Airflow's api-server ([finalckpt] api_url,
+    else [api] base_url; credentials [finalckpt] api_token, or api_username and api_password).
+    An unreachable api-server, 401, 403 or an unknown DAG end in one line and exit 2.
+    """
+    from airflow_finalckpt.cli.airflow_api import AirflowApi, api_settings
+
+    with AirflowApi(api_settings()) as api, _control(store_url) as control:
+        load_graph = _no_graph if no_graph_check else _graph_from(api)
+        check = control.plan_restore(
+            dag_id, savepoint_path, load_graph, allow_drop_stages=allow_drop_stages
         )
-    except Exception as exc:  # Airflow missing, DAG unknown, database down...
-        _fail(f"could not create a DAG run of {dag_id!r}: {exc}", EXIT_ERROR)
-    new_run_id = run.get("dag_run_id") if isinstance(run, dict) else getattr(run, "run_id", run)
+        if as_json:
+            _echo_json(check.model_dump(mode="json"))
+        else:
+            for line in check.lines():
+                click.echo(line)
+            click.echo(f"can be restored into {dag_id}")
+        if dry_run:
+            return
+        conf: dict[str, object] = {"restore_from": savepoint_path}
+        if allow_drop_stages:
+            conf[ALLOW_DROP_STAGES_KEY] = list(allow_drop_stages)
+        note = f"airflow-finalckpt: restore from {savepoint_path} (by {_user()})"
+        new_run_id = api.trigger_run(dag_id, conf, run_id=run_id, note=note)
     if not as_json:
         click.echo(f"created DAG run {new_run_id} of {dag_id} with conf {json.dumps(conf)}")
 
 
-def _dag_graph(dag_id: str) -> StageGraph | None:
-    """The DAG's stage graph as Airflow last parsed it; None if no local Airflow is usable
-    (the stage tasks still check the graph before they write anything).
-    """
-    from airflow_finalckpt.control.dags import AirflowUnavailableError, load_dag_graph
+def _no_graph(dag_id: str) -> StageGraph | None:
+    """``--no-graph-check``: the graph is not asked for (the stage tasks check it)."""
+    return None
 
-    try:
-        return load_dag_graph(dag_id)
-    except AirflowUnavailableError:
-        return None
-    except FinalCheckpointError as exc:
-        _fail(str(exc), EXIT_ERROR)
+
+def _graph_from(api: AirflowApi) -> Callable[[str], StageGraph]:
+    """The DAG's graph from the api-server; unreachable: refused, naming --no-graph-check (a
+    restore is never planned against a graph nobody checked unless the user says so).
+    """
+    from airflow_finalckpt.cli.airflow_api import AirflowApiUnreachableError
+
+    def load(dag_id: str) -> StageGraph:
+        try:
+            return api.stage_graph(dag_id)
+        except AirflowApiUnreachableError as exc:
+            raise AirflowApiUnreachableError(
+                f"{exc}. The DAG's graph change cannot be checked without it: start or point to "
+                "the api-server, or pass --no-graph-check to check the savepoint only (the stage "
+                "tasks check the graph before they write anything)"
+            ) from exc
+
+    return load
 
 
 @click.command("status")

@@ -182,8 +182,8 @@ class RestoreCheck(_Model):
     pipeline_key: str
     checkpoint_id: int
     kind: CheckpointKind
-    #: False when the DAG's graph was not available (no local Airflow): the stage tasks still
-    #: check it before they write anything
+    #: False when the DAG's graph was not asked for (``finalckpt restore --no-graph-check``):
+    #: the stage tasks still check it before they write anything
     graph_checked: bool
     #: "restore" (reset to the savepoint) or "continue" (the store was already restored from
     #: this path: a new run continues the stored progress, the graph change checked against it)
@@ -198,7 +198,7 @@ class RestoreCheck(_Model):
         )
         if self.plan is None:
             return [
-                f"{head}: the DAG's graph is not available here (no local Airflow knows it); "
+                f"{head}: the DAG's graph was NOT checked here (--no-graph-check); "
                 "the graph-change rules are checked by the stage tasks before they write anything"
             ]
         out = [f"{head}: {self.plan['summary']}"]

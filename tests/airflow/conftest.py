@@ -120,3 +120,72 @@ def write_dag(airflow_home: AirflowHome) -> Iterator[Callable[..., Any]]:
     # Every dag.test() re-parses the whole bundle: keep it to the current test's files.
     for path in written:
         path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    """Airflow's api-server (public REST API, SimpleAuthManager's /auth, the plugin's
+    /finalckpt app) served over HTTP by uvicorn in this process, with known users.
+    """
+
+    url: str
+    #: user name -> (SimpleAuthManager role, password)
+    users: dict[str, tuple[str, str]]
+
+    def token(self, username: str, role: str | None) -> str:
+        """A JWT the server accepts, for any user name and role (None: no role at all)."""
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+        user = SimpleAuthManagerUser(username=username, role=role)
+        return str(get_auth_manager().generate_jwt(user))
+
+
+API_USERS = {"ann": ("ADMIN", "ann-secret"), "vic": ("VIEWER", "vic-secret")}
+
+
+@pytest.fixture(scope="session")
+def api_server(airflow_home: AirflowHome) -> Iterator[ApiServer]:
+    """Airflow's own api-server app (``create_app("core")``, as ``airflow api-server`` serves
+    it) on a free local port; the CLI reaches it over real HTTP like any client.
+    """
+    import json
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    passwords = airflow_home.path / "simple_auth_manager_passwords.test.json"
+    passwords.write_text(json.dumps({name: pw for name, (_, pw) in API_USERS.items()}))
+    users = ",".join(f"{name}:{role}" for name, (role, _) in API_USERS.items())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", users)
+        mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
+        from airflow.api_fastapi.app import create_app
+        from airflow.api_fastapi.common.http_access_log import HttpAccessLogMiddleware
+
+        app = create_app("core")
+        # the server shares this process's stdout with the CLI under test, whose stdout must
+        # hold only its own output: no access log line per request
+        app.user_middleware = [
+            m for m in app.user_middleware if m.cls is not HttpAccessLogMiddleware
+        ]
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, name="airflow-api-server", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                pytest.fail("Airflow's api-server did not start", pytrace=False)
+            time.sleep(0.05)
+        try:
+            yield ApiServer(f"http://127.0.0.1:{port}", dict(API_USERS))
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)

@@ -192,10 +192,11 @@ def test_only_the_savepoint_directory_copied_to_another_cluster_restores(
 
 
 def test_finalckpt_restore_creates_the_dag_run(
-    spark: Any, other_cluster: Path, airflow_home: Any
+    spark: Any, other_cluster: Path, airflow_home: Any, api_server: Any
 ) -> None:
-    """`finalckpt restore DAG --from PATH` vets the savepoint and creates a DAG run with
-    ``restore_from`` in its conf through Airflow's own client (the local metadata database)."""
+    """`finalckpt restore DAG --from PATH` vets the savepoint and the DAG's graph (from the
+    api-server) and creates a DAG run with ``restore_from`` in its conf through Airflow's REST
+    API (``POST /api/v2/dags/{dag_id}/dagRuns``), logged in as an Airflow user."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from click.testing import CliRunner
@@ -209,7 +210,12 @@ def test_finalckpt_restore_creates_the_dag_run(
     dag = _dag_file(airflow_home, input_dir, str(work / "output"))
     dag.test(mark_success_pattern=".*")  # puts the DAG into the metadata database, runs nothing
     store = f"sqlite:///{work}/source-coordination.db"
-    env = {"AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "source-checkpoints")}
+    env = {
+        "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "source-checkpoints"),
+        "AIRFLOW__FINALCKPT__API_URL": api_server.url,
+        "AIRFLOW__FINALCKPT__API_USERNAME": "ann",
+        "AIRFLOW__FINALCKPT__API_PASSWORD": api_server.users["ann"][1],
+    }
 
     args = ["restore", DAG_ID, "--from", savepoint, "--run-id", "restored-1"]
     result = CliRunner(env=env).invoke(main, [*args, "--store-url", store])
@@ -224,4 +230,5 @@ def test_finalckpt_restore_creates_the_dag_run(
         main, ["restore", "no_such_dag", "--from", savepoint, "--store-url", store]
     )
     assert foreign.exit_code == 2
-    assert "not known to Airflow" in foreign.stderr or "belongs to" in foreign.stderr
+    assert "DAG 'no_such_dag' is not known to Airflow" in foreign.stderr
+    assert "belongs to" not in foreign.stderr  # no DAG run is linked to the local pipeline

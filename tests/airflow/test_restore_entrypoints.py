@@ -1,7 +1,9 @@
 """The graph-change check through Airflow's own entry points, with real serialized DAGs: the
-stage operator in ``dag.test()`` (a ``pipeline_key`` continuation), ``finalckpt restore
---dry-run`` and the REST restore (FastAPI test client, real SimpleAuthManager token, real
-``trigger_dag``). The rule matrix itself is tests/integration/test_graph_change_matrix.py.
+stage operator in ``dag.test()`` (a ``pipeline_key`` continuation), ``finalckpt restore`` (over
+HTTP to Airflow's api-server: the graph from the plugin's stages route, the new run from
+``POST /api/v2/dags/{dag_id}/dagRuns``) and the REST restore (FastAPI test client, real
+SimpleAuthManager token, real ``trigger_dag``). The rule matrix itself is
+tests/integration/test_graph_change_matrix.py.
 
 The pipeline ``a -> b`` has ``a`` CLOSED and ``b`` stopped at a savepoint with one of three
 splits finished; the changed DAG renames ``b``'s stage id to ``b_v2`` (same task ``b``).
@@ -15,8 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
@@ -31,6 +34,9 @@ from airflow_finalckpt.hooks import finalckpt as hook_module
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
+
+if TYPE_CHECKING:
+    from tests.airflow.conftest import ApiServer
 
 OLD = StageGraph.build([Stage("a", ()), Stage("b", ("a",))])
 
@@ -151,12 +157,37 @@ def renamed_dag(dag_id: str) -> Any:
 
 
 def test_serialized_dag_keeps_stage_ids(env: Env) -> None:
-    from airflow_finalckpt.control.dags import load_dag_graph
+    from airflow_finalckpt.plugins.api.dags import load_dag_graph
 
     dag = renamed_dag(f"graph_{uuid.uuid4().hex[:8]}")
     graph = load_dag_graph(dag.dag_id)
     assert graph.to_dict() == dag_stage_graph(dag.tasks).to_dict()
     assert graph.stages["b_v2"].airflow_task_id == "b" and graph.upstream("b_v2") == ("a",)
+
+
+def test_the_stages_route_answers_the_graph_to_readers_only(api_server: ApiServer) -> None:
+    """``GET /finalckpt/api/dags/{dag_id}/stages`` on Airflow's api-server, over HTTP."""
+    dag = renamed_dag(f"stages_{uuid.uuid4().hex[:8]}")
+    url = f"{api_server.url}/finalckpt/api/dags/{dag.dag_id}/stages"
+    viewer = {"Authorization": f"Bearer {api_server.token('vic', 'VIEWER')}"}
+
+    doc = httpx.get(url, headers=viewer).json()
+    expected = dag_stage_graph(dag.tasks)
+    assert doc == {
+        "dag_id": dag.dag_id,
+        "fingerprint": expected.fingerprint,
+        "stages": [
+            {"stage_id": "a", "task_id": "a", "upstream": []},
+            {"stage_id": "b_v2", "task_id": "b", "upstream": ["a"]},
+        ],
+    }
+    assert httpx.get(url).status_code == 401
+    nobody = {"Authorization": f"Bearer {api_server.token('nobody', None)}"}
+    refused = httpx.get(url, headers=nobody)
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == f"user 'nobody' may not read the tasks of DAG {dag.dag_id!r}"
+    missing = httpx.get(f"{api_server.url}/finalckpt/api/dags/no_such_dag/stages", headers=viewer)
+    assert missing.status_code == 404 and "'no_such_dag' not found" in missing.json()["detail"]
 
 
 def _tries(dag_run: Any) -> dict[str, tuple[str, int]]:
@@ -195,11 +226,18 @@ def test_continuation_into_a_renamed_stage_fails_once_and_writes_nothing(
     assert views["b_v2"].lifecycle.value == "NOT_STARTED"
 
 
-def test_cli_dry_run_refuses_then_prints_the_plan(env: Env) -> None:
+def cli(env: Env, api_server: ApiServer, **settings: str) -> CliRunner:
+    """The CLI pointed at the api-server, with ``settings`` as ``[finalckpt]`` env options."""
+    options = {"storage_uri": str(env.root), "api_url": api_server.url, **settings}
+    return CliRunner(env={f"AIRFLOW__FINALCKPT__{k.upper()}": v for k, v in options.items()})
+
+
+def test_cli_dry_run_refuses_then_prints_the_plan(env: Env, api_server: ApiServer) -> None:
+    """The graph comes from the api-server (the CLI logs in with user name and password)."""
     from airflow_finalckpt.cli.main import main
 
     dag = renamed_dag(f"cli_{uuid.uuid4().hex[:8]}")
-    runner = CliRunner(env={"AIRFLOW__FINALCKPT__STORAGE_URI": str(env.root)})
+    runner = cli(env, api_server, api_username="vic", api_password="vic-secret")
     store = ["--store-url", str(env.engine.url)]
     before = env.snapshot()
     refused = runner.invoke(
@@ -222,6 +260,91 @@ def test_cli_dry_run_refuses_then_prints_the_plan(env: Env) -> None:
     assert text.exit_code == 0, text.stderr
     assert "a: skip: redo nothing" in text.stdout
     assert "b: progress DROPPED (allow_drop_stages)" in text.stdout
+    assert env.snapshot() == before
+
+
+def _runs(dag_id: str) -> list[tuple[str, str | None, Any, str]]:
+    """The DAG's runs in Airflow's database: (run id, triggering user, conf, note)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return [
+            (r.run_id, r.triggering_user_name, r.conf, r.note or "")
+            for r in session.query(DagRun).filter_by(dag_id=dag_id)
+        ]
+
+
+def test_cli_restore_creates_the_run_through_the_rest_api(env: Env, api_server: ApiServer) -> None:
+    from airflow_finalckpt.cli.main import main
+
+    dag = renamed_dag(f"clirun_{uuid.uuid4().hex[:8]}")
+    args = ["restore", dag.dag_id, "--from", env.savepoint, "--allow-drop-stage", "b"]
+    store = ["--store-url", str(env.engine.url)]
+    before = env.snapshot()
+
+    # a viewer may read the graph, but Airflow refuses them a new DAG run
+    viewer = cli(env, api_server, api_token=api_server.token("vic", "VIEWER"))
+    refused = viewer.invoke(main, [*args, "--run-id", "restored-by-vic", *store])
+    assert refused.exit_code == 2, refused.output
+    assert refused.stderr.startswith(
+        f"error: Airflow refused to create a DAG run of {dag.dag_id!r}"
+    )
+    assert _runs(dag.dag_id) == []
+
+    admin = cli(env, api_server, api_username="ann", api_password="ann-secret")
+    made = admin.invoke(main, [*args, "--run-id", "restored-1", *store])
+    assert made.exit_code == 0, made.stderr
+    assert f"created DAG run restored-1 of {dag.dag_id}" in made.stdout
+    [(run_id, user, conf, note)] = _runs(dag.dag_id)
+    assert (run_id, user) == ("restored-1", "ann")
+    assert conf == {"restore_from": env.savepoint, "allow_drop_stages": ["b"]}
+    assert note.startswith(f"airflow-finalckpt: restore from {env.savepoint} (by cli")
+    again = admin.invoke(main, [*args, "--run-id", "restored-1", *store])
+    assert again.exit_code == 2 and "could not create a DAG run" in again.stderr
+    assert "HTTP 409" in again.stderr and len(_runs(dag.dag_id)) == 1
+    assert env.snapshot() == before  # the stage tasks do the restore, not the CLI
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("no credentials", "error: not authenticated at the Airflow API server"),
+        ("forged token", "error: not authenticated at the Airflow API server"),
+        ("wrong password", "error: Airflow refused the login of user 'ann'"),
+        ("no role", "error: Airflow refused to read the stages of DAG"),
+        ("unknown DAG", "error: DAG 'no_such_dag' is not known to Airflow at http://127.0.0.1:"),
+        ("unreachable", "error: cannot reach the Airflow API server at http://127.0.0.1:"),
+    ],
+)
+def test_cli_restore_refusals_are_one_line_and_change_nothing(
+    env: Env, api_server: ApiServer, case: str, message: str
+) -> None:
+    from airflow_finalckpt.cli.main import main
+
+    dag = renamed_dag(f"clierr_{uuid.uuid4().hex[:8]}")
+    settings = {
+        "no credentials": {},
+        "forged token": {"api_token": api_server.token("ann", "ADMIN")[:-4] + "AAAA"},
+        "wrong password": {"api_username": "ann", "api_password": "not-her-password"},
+        "no role": {"api_token": api_server.token("nobody", None)},
+        "unknown DAG": {"api_token": api_server.token("ann", "ADMIN")},
+        "unreachable": {"api_url": "http://127.0.0.1:1"},
+    }[case]
+    dag_id = "no_such_dag" if case == "unknown DAG" else dag.dag_id
+    before = env.snapshot()
+    result = cli(env, api_server, **settings).invoke(
+        main, ["restore", dag_id, "--from", env.savepoint, "--store-url", str(env.engine.url)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    if case == "no credentials":
+        assert "set [finalckpt] api_token" in result.stderr
+    if case == "unreachable":
+        assert "--no-graph-check" in result.stderr
+    assert _runs(dag_id) == []
     assert env.snapshot() == before
 
 

@@ -8,6 +8,7 @@ for its message, its exit code and that nothing changed.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +21,6 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from airflow_finalckpt.cli import stop as stop_cli
 from airflow_finalckpt.cli.main import main
 from airflow_finalckpt.control import PipelineControl, PipelineRunState
 from airflow_finalckpt.coordination import Coordinator
@@ -58,18 +58,27 @@ class Env:
             return [tuple(r) for r in conn.execute(select(t.stop_requests)).all()]
 
 
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @pytest.fixture
-def env(
-    store_url: str, tmp_path: Path, isolated_settings_env: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Env]:
-    # no local Airflow knows these DAGs: `restore` relies on the store's records alone
-    monkeypatch.setattr(stop_cli, "_dag_graph", lambda dag_id: None)
+def env(store_url: str, tmp_path: Path, isolated_settings_env: Path) -> Iterator[Env]:
     storage = CheckpointStorage(str(tmp_path / "checkpoints"))
     engine = make_engine(store_url)
     coord = Coordinator(engine, KEY, writer=storage)
     coord.register(StageGraph.from_edges(["ingest", "enrich"], [("ingest", "enrich")]))
     coord.link_dag_run(DAG, RUN)
-    runner = CliRunner(env={"AIRFLOW__FINALCKPT__STORAGE_URI": str(tmp_path / "checkpoints")})
+    # no Airflow api-server here: nothing listens on that port
+    runner = CliRunner(
+        env={
+            "AIRFLOW__FINALCKPT__STORAGE_URI": str(tmp_path / "checkpoints"),
+            "AIRFLOW__FINALCKPT__API_URL": f"http://127.0.0.1:{closed_port()}",
+        }
+    )
     yield Env(store_url, coord, storage, runner, PipelineControl(engine, storage))
     engine.dispose()
 
@@ -179,11 +188,23 @@ def test_restore_checks_the_savepoint(env: Env, tmp_path: Path) -> None:
     path = env.coord.checkpoint(1).metadata_path
     assert path is not None
 
+    # the DAG's graph comes from the api-server: unreachable, the restore is refused
     code, out, err = env.invoke("restore", DAG, "--from", path, "--dry-run")
+    assert code == 2 and out == "", out
+    assert err.startswith("error: cannot reach the Airflow API server at http://127.0.0.1:")
+    assert "(from env AIRFLOW__FINALCKPT__API_URL)" in err and "--no-graph-check" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # ... unless the user asks for the savepoint check alone
+    code, out, err = env.invoke("restore", DAG, "--from", path, "--dry-run", "--no-graph-check")
     assert code == 0, err
     assert f"savepoint 1 of pipeline {KEY!r} (savepoint)" in out
-    assert "graph-change rules are checked by the stage tasks" in out  # no local Airflow here
+    assert "graph was NOT checked here (--no-graph-check)" in out
+    assert "graph-change rules are checked by the stage tasks" in out
     assert f"can be restored into {DAG}" in out
+    # a real restore needs the api-server to create the DAG run: nothing is created without it
+    code, out, err = env.invoke("restore", DAG, "--from", path, "--no-graph-check")
+    assert code == 2 and "cannot reach the Airflow API server" in err
+    assert "--no-graph-check" not in err  # that is not what would help
 
     code, _, err = env.invoke("restore", "another_dag", "--from", path, "--dry-run")
     assert code == 2

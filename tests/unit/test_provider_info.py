@@ -8,6 +8,7 @@ from pathlib import Path
 from airflow_finalckpt import config
 from airflow_finalckpt.config import PARSERS, FinalCkptSettings, load_settings
 from airflow_finalckpt.provider_info import (
+    API_CLIENT_OPTIONS,
     CONFIG_OPTIONS,
     SECTION,
     SETTING_DEFAULTS,
@@ -19,12 +20,19 @@ from airflow_finalckpt.store import connect
 
 def test_every_setting_has_a_documented_option_and_a_default() -> None:
     assert set(SETTING_DEFAULTS) == set(PARSERS)
-    # spark_execution (read by spark/launch/) is documented, without default: automatic
-    assert set(CONFIG_OPTIONS) == {*PARSERS, "spark_execution"}
-    assert CONFIG_OPTIONS["spark_execution"]["default"] is None
+    # spark_execution (read by spark/launch/) is documented, without default: automatic; so
+    # are the CLI's API client options (unset: [api] base_url, no credentials)
+    assert set(CONFIG_OPTIONS) == {*PARSERS, "spark_execution", *API_CLIENT_OPTIONS}
+    for name in ("spark_execution", *API_CLIENT_OPTIONS):
+        assert CONFIG_OPTIONS[name]["default"] is None, name
     for name, option in CONFIG_OPTIONS.items():
         assert option["description"] and option["type"] in ("string", "integer", "float"), name
-        assert option["example"], name
+        # secrets get no example value; Airflow masks them and reads _CMD / _SECRET variants
+        assert option["example"] or option.get("sensitive"), name
+    assert {n for n, o in CONFIG_OPTIONS.items() if o.get("sensitive")} == {
+        "api_token",
+        "api_password",
+    }
 
 
 def test_defaults_resolve_to_the_documented_values(isolated_settings_env: Path) -> None:

@@ -73,6 +73,7 @@ def create_app(get_control: Callable[[], PipelineControl] | None = None) -> Fast
             {"name": "Pipeline runs", "description": "Read pipeline runs and checkpoints"},
             {"name": "Stop and resume", "description": "Stop with drain/savepoint; resume"},
             {"name": "Restore", "description": "Restore a savepoint into a new DAG run"},
+            {"name": "DAGs", "description": "A DAG's pipeline graph (stage ids and edges)"},
             {"name": "UI pages", "description": "HTML shown inside the Airflow UI"},
         ],
     )

@@ -59,6 +59,7 @@ class Principal:
 
     @property
     def name(self) -> str:
+        """The user name Airflow shows (recorded as who stopped, resumed or restored)."""
         return str(self.user.get_name())
 
 
@@ -74,6 +75,7 @@ def _unauthorized(detail: str, error: str | None = None) -> HTTPException:
 
 
 def forbidden(detail: str) -> HTTPException:
+    """A 403 answer with ``detail``."""
     return HTTPException(status_code=status.HTTP_403_FORBIDDEN, detail=detail)
 
 
@@ -159,8 +161,12 @@ def _team_name(dag_id: str) -> str | None:
     return DagModel.get_team_name(dag_id)
 
 
-def is_allowed(principal: Principal, dag_id: str, method: ResourceMethod) -> bool:
-    """May ``principal`` do ``method`` on the runs of ``dag_id``? (The auth manager decides.)"""
+def is_allowed(
+    principal: Principal, dag_id: str, method: ResourceMethod, entity: str = "RUN"
+) -> bool:
+    """May ``principal`` do ``method`` on ``dag_id``'s ``entity`` (a ``DagAccessEntity`` name:
+    its runs unless told)? The auth manager decides.
+    """
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import (
         DagAccessEntity,
@@ -170,7 +176,7 @@ def is_allowed(principal: Principal, dag_id: str, method: ResourceMethod) -> boo
     return bool(
         get_auth_manager().is_authorized_dag(
             method=method,
-            access_entity=DagAccessEntity.RUN,
+            access_entity=DagAccessEntity[entity],
             details=DagDetails(id=dag_id, team_name=_team_name(dag_id)),
             user=principal.user,
         )
@@ -178,10 +184,11 @@ def is_allowed(principal: Principal, dag_id: str, method: ResourceMethod) -> boo
 
 
 _VERBS: dict[str, str] = {
-    "GET": "read the runs of",
-    "PUT": "edit the runs of",
-    "POST": "create runs of",
+    "GET": "read the {entity} of",
+    "PUT": "edit the {entity} of",
+    "POST": "create {entity} of",
 }
+_ENTITY_WORDS: dict[str, str] = {"RUN": "runs", "TASK": "tasks"}
 
 
 def readable_runs(
@@ -201,13 +208,16 @@ def readable_runs(
     return [r for r in runs if r.dag_runs and all(may_read(d) for d, _ in r.dag_runs)]
 
 
-def authorize_dag(principal: Principal, dag_id: str, *methods: ResourceMethod) -> None:
-    """403 unless ``principal`` may do every one of ``methods`` on ``dag_id``'s runs."""
+def authorize_dag(
+    principal: Principal, dag_id: str, *methods: ResourceMethod, entity: str = "RUN"
+) -> None:
+    """403 unless ``principal`` may do every one of ``methods`` on ``dag_id``'s ``entity``
+    (its runs unless told).
+    """
     for method in methods:
-        if not is_allowed(principal, dag_id, method):
-            raise forbidden(
-                f"user {principal.name!r} may not {_VERBS.get(method, method)} DAG {dag_id!r}"
-            )
+        if not is_allowed(principal, dag_id, method, entity):
+            verb = _VERBS.get(method, method).format(entity=_ENTITY_WORDS.get(entity, entity))
+            raise forbidden(f"user {principal.name!r} may not {verb} DAG {dag_id!r}")
 
 
 def login_url(request: Request) -> str:

@@ -15,8 +15,6 @@ from airflow_finalckpt.control import (
     PipelineRunSummary,
     StopSummary,
 )
-from airflow_finalckpt.core.errors import UnknownDagError
-from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
 from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY
 from airflow_finalckpt.plugins.api.auth import (
@@ -26,10 +24,12 @@ from airflow_finalckpt.plugins.api.auth import (
     check_csrf,
     readable_runs,
 )
+from airflow_finalckpt.plugins.api.dags import dag_graph
 
 TAG_RUNS = "Pipeline runs"
 TAG_CONTROL = "Stop and resume"
 TAG_RESTORE = "Restore"
+TAG_DAGS = "DAGs"
 
 
 class ErrorDetail(BaseModel):
@@ -39,13 +39,35 @@ class ErrorDetail(BaseModel):
 
 
 class PipelineRunList(BaseModel):
+    """Pipeline runs the user may read, newest first."""
+
     runs: list[PipelineRunSummary]
     total_entries: int
 
 
 class CheckpointList(BaseModel):
+    """A pipeline run's checkpoints and savepoints, newest first."""
+
     checkpoints: list[CheckpointSummary]
     total_entries: int
+
+
+class DagStage(BaseModel):
+    """One stage task of a DAG: its stage id, its Airflow task and the stages it reads."""
+
+    stage_id: str
+    task_id: str
+    upstream: list[str] = Field(description="Stage ids of the stages whose output it reads")
+
+
+class DagStages(BaseModel):
+    """The pipeline graph of a DAG as Airflow last parsed it (its latest serialized version)."""
+
+    dag_id: str
+    fingerprint: str = Field(
+        description="sha256 of the graph's shape (stage ids and edges), as the store records it"
+    )
+    stages: list[DagStage] = Field(description="In topological order")
 
 
 class StopBody(BaseModel):
@@ -59,6 +81,8 @@ class StopBody(BaseModel):
 
 
 class RestoreBody(BaseModel):
+    """Which savepoint to restore into a new DAG run, and which stages may lose progress."""
+
     model_config = ConfigDict(extra="forbid")
 
     savepoint_path: str = Field(
@@ -77,6 +101,8 @@ class RestoreBody(BaseModel):
 
 
 class RestoreResponse(BaseModel):
+    """The checked restore: the savepoint, the plan, and the new DAG run (none for a dry run)."""
+
     dag_id: str
     run_id: str | None = Field(
         description="The new DAG run (conf {'restore_from': path, 'allow_drop_stages': [...]}); "
@@ -111,8 +137,10 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorDetail, "description": text[code]} for code in codes}
 
 
-def requires(*methods: Any) -> Callable[..., Principal]:
-    """Dependency: authenticated, CSRF-checked, and allowed ``methods`` on ``{dag_id}``."""
+def requires(*methods: Any, entity: str = "RUN") -> Callable[..., Principal]:
+    """Dependency: authenticated, CSRF-checked, and allowed ``methods`` on ``{dag_id}``'s
+    ``entity`` (its runs unless told: ``TASK`` for its tasks).
+    """
 
     def dependency(
         request: Request,
@@ -120,13 +148,15 @@ def requires(*methods: Any) -> Callable[..., Principal]:
         principal: Annotated[Principal, Depends(authenticate)],
     ) -> Principal:
         check_csrf(request, principal)
-        authorize_dag(principal, dag_id, *methods)
+        authorize_dag(principal, dag_id, *methods, entity=entity)
         return principal
 
     return dependency
 
 
 CanRead = Annotated[Principal, Depends(requires("GET"))]
+#: read the DAG's tasks: what Airflow's own ``GET /api/v2/dags/{dag_id}/tasks`` asks
+CanReadTasks = Annotated[Principal, Depends(requires("GET", entity="TASK"))]
 CanEdit = Annotated[Principal, Depends(requires("PUT"))]
 CanRestore = Annotated[Principal, Depends(requires("PUT", "POST"))]
 Authenticated = Annotated[Principal, Depends(authenticate)]
@@ -155,6 +185,33 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
             authorize_dag(principal, dag_id, "GET")
         visible = readable_runs(principal, control.runs(dag_id, limit=limit))
         return PipelineRunList(runs=visible, total_entries=len(visible))
+
+    @router.get(
+        "/dags/{dag_id}/stages",
+        tags=[TAG_DAGS],
+        summary="A DAG's pipeline graph",
+        response_model=DagStages,
+        responses=_errors(404),
+    )
+    def get_stages(dag_id: str, _: CanReadTasks) -> DagStages:
+        """The stage tasks of the DAG's latest parsed version, their stage ids and edges: what
+        ``finalckpt restore`` checks a graph change against (Airflow's ``GET
+        /api/v2/dags/{dag_id}/tasks`` does not answer stage ids). 404 if Airflow does not know
+        the DAG. Needs permission to read the DAG's tasks.
+        """
+        graph = dag_graph(dag_id)
+        return DagStages(
+            dag_id=dag_id,
+            fingerprint=graph.fingerprint,
+            stages=[
+                DagStage(
+                    stage_id=sid,
+                    task_id=graph.stages[sid].airflow_task_id,
+                    upstream=list(graph.upstream(sid)),
+                )
+                for sid in graph.topological_order()
+            ],
+        )
 
     @router.get(
         "/dags/{dag_id}/runs/{run_id}",
@@ -266,20 +323,6 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         )
 
     return router
-
-
-def dag_graph(dag_id: str) -> StageGraph:
-    """The DAG's stage graph as Airflow last parsed it (404 if Airflow does not know it)."""
-    from airflow_finalckpt.control.dags import AirflowUnavailableError, load_dag_graph
-
-    try:
-        return load_dag_graph(dag_id)
-    except AirflowUnavailableError as exc:
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, f"cannot read DAG {dag_id!r}: {exc}"
-        ) from exc
-    except UnknownDagError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"DAG {dag_id!r} not found") from exc
 
 
 def trigger_restore_run(

@@ -1,0 +1,52 @@
+"""The pipeline graph of a DAG as Airflow last parsed it, read in the api-server.
+
+Only the api-server reads Airflow's serialized DAGs (it is Airflow's own process, with Airflow's
+metadata database): the REST restore checks a graph change with it, and
+``GET /finalckpt/api/dags/{dag_id}/stages`` hands it to the ``finalckpt`` CLI, which talks to
+Airflow through its REST API only. Airflow's own ``GET /api/v2/dags/{dag_id}/tasks`` does not
+answer the operators' ``stage_id``, which the graph needs.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, status
+
+from airflow_finalckpt.control import dag_stage_graph
+from airflow_finalckpt.core.errors import UnknownDagError
+from airflow_finalckpt.core.graph import StageGraph
+
+
+class AirflowUnavailableError(RuntimeError):
+    """No usable Airflow metadata database in this process (not configured, not migrated)."""
+
+
+def load_dag_graph(dag_id: str) -> StageGraph:
+    """The stage graph of the latest serialized version of ``dag_id``.
+
+    UnknownDagError if Airflow does not know the DAG; AirflowUnavailableError if its metadata
+    database cannot be read.
+    """
+    try:
+        from airflow.models.serialized_dag import SerializedDagModel
+
+        dag = SerializedDagModel.get_dag(dag_id)
+    except Exception as exc:  # no database, not migrated...
+        raise AirflowUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+    if dag is None:
+        raise UnknownDagError(f"DAG {dag_id!r} is not known to Airflow (not parsed yet, or a typo)")
+    return dag_stage_graph(dag.tasks)
+
+
+def dag_graph(dag_id: str) -> StageGraph:
+    """:func:`load_dag_graph` for a route: 404 for an unknown DAG, 503 without a database."""
+    try:
+        return load_dag_graph(dag_id)
+    except AirflowUnavailableError as exc:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, f"cannot read DAG {dag_id!r}: {exc}"
+        ) from exc
+    except UnknownDagError as exc:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"DAG {dag_id!r} not found: Airflow has not parsed it (yet), or a typo",
+        ) from exc
