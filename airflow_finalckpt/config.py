@@ -436,7 +436,7 @@ def airflow_option(section: str, name: str) -> tuple[str | None, str]:
         return None, "unset"
     if value is None or not str(value).strip():
         return None, "unset"
-    return str(value).strip(), f"airflow.cfg [{section}] {name}"
+    return str(value).strip(), f"Airflow's config [{section}] {name}"
 
 
 # --------------------------------------------------------------------------- resolution
