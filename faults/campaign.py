@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,95 @@ def _spec(
     )
 
 
+@dataclass
+class _Draft:
+    """A run plan being drawn: what the branches of ``_plan_run`` fill in."""
+
+    batch_sizes: dict[str, int | str]
+    fake: dict[str, int] | None
+    interval: float
+    retain: int
+    purpose: str = ""
+    attempts: list[tuple[FaultSpec, ...]] = field(default_factory=list)
+    kills: list[float | None] = field(default_factory=list)
+
+    def attempt(self, *faults: FaultSpec, kill: float | None = None) -> None:
+        self.attempts.append(tuple(faults))
+        self.kills.append(kill)
+
+
+def _batch_sizes(
+    spark: bool, rng: random.Random
+) -> tuple[dict[str, int | str], dict[str, int] | None]:
+    """Batch sizes per stage and the fake input (None on Spark)."""
+    if spark:
+        return dict.fromkeys(SPARK_STAGES, 1), None
+    # "auto": adaptive batches (a probe of one split, then sized from measured time), so
+    # attempts of one stage cut different batches
+    batch_sizes: dict[str, int | str] = {
+        "gen": rng.choice((1, 2, 3, "auto")),
+        "agg": rng.choice((1, 2, "auto")),
+        "publish": rng.choice((1, 2, "auto")),
+    }
+    return batch_sizes, FakeData(splits=rng.choice((6, 8))).to_dict()
+
+
+def _draw_coverage(
+    draft: _Draft,
+    rng: random.Random,
+    coverage: str,
+    spark: bool,
+    action: Action | None,
+    sinks: Sequence[str],
+    coverage_sink: str | None,
+) -> None:
+    draft.purpose = f"coverage of {coverage}" + (f" in {coverage_sink}" if coverage_sink else "")
+    first = _spec(
+        rng,
+        coverage,
+        spark,
+        action=action,
+        nth=1,
+        any_stage=True,
+        sinks=sinks,
+        sink=coverage_sink,
+    )
+    if coverage in NEEDS_ORPHAN:
+        # a crash after the sinks staged a batch leaves orphans for the recovery to abort
+        draft.attempt(FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE))
+    if coverage in NEEDS_DISCARD:
+        draft.retain, draft.interval = 1, 0.0
+    if coverage == "gc-mid-collect":
+        draft.retain, draft.interval = 1, 3600.0
+        draft.batch_sizes["agg"] = 1
+    draft.attempt(first)
+
+
+def _draw_kill(draft: _Draft, rng: random.Random) -> None:
+    draft.purpose = "random kill"  # SIGKILL from outside; not an external-fault scenario
+    # a longer pipeline (one split per batch), killed early enough to land inside it
+    draft.batch_sizes = dict.fromkeys(FAKE_STAGES, 1)
+    draft.fake = FakeData(splits=8).to_dict()
+    draft.attempt(kill=round(rng.uniform(0.05, 0.4), 2))
+
+
+def _draw_in_sink(draft: _Draft, rng: random.Random, spark: bool, sinks: Sequence[str]) -> None:
+    # the table sinks are what such a campaign is about: half its random runs fault them
+    first_choice = rng.choice(SINK_FOCUS_POINTS)
+    draft.purpose = f"random in a sink: {first_choice}"
+    if first_choice in NEEDS_ORPHAN:
+        draft.attempt(FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE))
+    draft.attempt(_spec(rng, first_choice, spark, sinks=sinks))
+
+
+def _draw_random(draft: _Draft, rng: random.Random, spark: bool, sinks: Sequence[str]) -> None:
+    draft.purpose = "random"
+    first_choice = rng.choice([n for n in sorted(POINTS) if n not in NEEDS_ORPHAN])
+    draft.attempt(_spec(rng, first_choice, spark, sinks=sinks))
+    if first_choice in NEEDS_DISCARD:  # as for coverage: retention must discard to reach it
+        draft.retain, draft.interval = 1, 0.0
+
+
 def _plan_run(
     index: int,
     kind: str,
@@ -159,90 +248,38 @@ def _plan_run(
 ) -> RunPlan:
     """One run's plan: ``coverage`` arms ``action`` at that point (nth 1, any stage; in the
     sink of kind ``coverage_sink`` if given); ``kill`` makes it an external SIGKILL at a random
-    time; otherwise a random point."""
+    time; otherwise a random point. The order of the draws from ``rng`` makes a seed's plans.
+    """
     spark = kind == SPARK
-    names = sorted(POINTS)
-    batch_sizes: dict[str, int | str]
-    if spark:
-        batch_sizes = dict.fromkeys(SPARK_STAGES, 1)
-        fake = None
-    else:
-        # "auto": adaptive batches (a probe of one split, then sized from measured time), so
-        # attempts of one stage cut different batches
-        batch_sizes = {
-            "gen": rng.choice((1, 2, 3, "auto")),
-            "agg": rng.choice((1, 2, "auto")),
-            "publish": rng.choice((1, 2, "auto")),
-        }
-        fake = FakeData(splits=rng.choice((6, 8))).to_dict()
+    batch_sizes, fake = _batch_sizes(spark, rng)
     commit_mode = "final" if rng.random() < 0.25 else "progressive"
     interval = rng.choice((0.0, 0.0, 3600.0))
     retain = rng.choice((1, 2, 3))
     timeout = 1.0 if (not spark and rng.random() < 0.2) else 600.0
-    attempts: list[tuple[FaultSpec, ...]] = []
-    kills: list[float | None] = []
+    draft = _Draft(batch_sizes, fake, interval, retain)
     if coverage is not None:
-        purpose = f"coverage of {coverage}" + (f" in {coverage_sink}" if coverage_sink else "")
-        first = _spec(
-            rng,
-            coverage,
-            spark,
-            action=action,
-            nth=1,
-            any_stage=True,
-            sinks=sinks,
-            sink=coverage_sink,
-        )
-        if coverage in NEEDS_ORPHAN:
-            # a crash after the sinks staged a batch leaves orphans for the recovery to abort
-            attempts.append((FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE),))
-            kills.append(None)
-        if coverage in NEEDS_DISCARD:
-            retain, interval = 1, 0.0
-        if coverage == "gc-mid-collect":
-            retain, interval = 1, 3600.0
-            batch_sizes["agg"] = 1
-        attempts.append((first,))
-        kills.append(None)
+        _draw_coverage(draft, rng, coverage, spark, action, sinks, coverage_sink)
     elif not spark and (kill or rng.random() < 0.1):
-        purpose = "random kill"  # SIGKILL from outside; not an external-fault scenario
-        attempts.append(())
-        # a longer pipeline (one split per batch), killed early enough to land inside it
-        batch_sizes = dict.fromkeys(FAKE_STAGES, 1)
-        fake = FakeData(splits=8).to_dict()
-        kills.append(round(rng.uniform(0.05, 0.4), 2))
+        _draw_kill(draft, rng)
     elif any(kind in TABLE_SINKS for kind in sinks) and rng.random() < SINK_FOCUS:
-        # the table sinks are what such a campaign is about: half its random runs fault them
-        first_choice = rng.choice(SINK_FOCUS_POINTS)
-        purpose = f"random in a sink: {first_choice}"
-        if first_choice in NEEDS_ORPHAN:
-            attempts.append((FaultSpec("mid-batch", Action.CRASH, stage=SINK_STAGE),))
-            kills.append(None)
-        attempts.append((_spec(rng, first_choice, spark, sinks=sinks),))
-        kills.append(None)
+        _draw_in_sink(draft, rng, spark, sinks)
     else:
-        purpose = "random"
-        first_choice = rng.choice([n for n in names if n not in NEEDS_ORPHAN])
-        attempts.append((_spec(rng, first_choice, spark, sinks=sinks),))
-        kills.append(None)
-        if first_choice in NEEDS_DISCARD:  # as for coverage: retention must discard to reach it
-            retain, interval = 1, 0.0
+        _draw_random(draft, rng, spark, sinks)
     if rng.random() < 0.3:
-        follow = rng.choice([n for n in names if Action.CRASH in POINTS[n].actions])
-        attempts.append((_spec(rng, follow, spark, action=Action.CRASH, sinks=sinks),))
-        kills.append(None)
+        follow = rng.choice([n for n in sorted(POINTS) if Action.CRASH in POINTS[n].actions])
+        draft.attempt(_spec(rng, follow, spark, action=Action.CRASH, sinks=sinks))
     return RunPlan(
         index=index,
         kind=kind,
-        purpose=purpose,
-        attempts=tuple(attempts),
-        kills=tuple(kills),
-        batch_sizes=batch_sizes,
+        purpose=draft.purpose,
+        attempts=tuple(draft.attempts),
+        kills=tuple(draft.kills),
+        batch_sizes=draft.batch_sizes,
         commit_mode=commit_mode,
-        checkpoint_interval_s=interval,
-        retain_checkpoints=retain,
+        checkpoint_interval_s=draft.interval,
+        retain_checkpoints=draft.retain,
         checkpoint_timeout_s=timeout,
-        fake=fake,
+        fake=draft.fake,
     )
 
 
@@ -753,7 +790,7 @@ def run_campaign(
     return CampaignResult(seed, reports, time.monotonic() - start, started_at, store, sinks)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m faults.campaign",
         description="Randomized fault campaign: runs with faults + recovery, verified.",
@@ -799,7 +836,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "faults target those, and the summary gets one line per sink",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per run")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _checked_lists(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[str], list[str], list[str]]:
+    """The external scenarios, shapes and sinks of the command line; a parser error if wrong."""
     external = [name for name in args.external.split(",") if name]
     if args.runs < (0 if external or args.concurrent else 1):
         parser.error("--runs must be >= 1 (or >= 0 with --external or --concurrent)")
@@ -807,7 +850,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     sinks = [name for name in args.sinks.split(",") if name]
     if sorted(set(sinks) - set(SINK_KINDS)) or not sinks or len(set(sinks)) < len(sinks):
         parser.error(f"--sinks: distinct kinds of {', '.join(SINK_KINDS)}, got {args.sinks!r}")
-
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown or not shapes:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
@@ -815,23 +857,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         expand_names(external)
     except ValueError as exc:
         parser.error(str(exc))
+    return external, shapes, sinks
 
-    def progress(report: RunReport) -> None:
-        fired = "; ".join(
-            FaultSpec.from_dict(_spec_fields(f)).describe() for f in report.fired
-        ) or ("random kill" if report.kills else "no fault fired")
-        status = "ok" if not report.problems() else "PROBLEMS"
-        purpose = report.plan.purpose
-        label = f"{purpose}: " if purpose.startswith(("external", "concurrent")) else ""
-        if report.out_of_order:
-            label += f"{report.out_of_order} out-of-order; "
-        print(
-            f"{report.plan.run_id} {report.plan.kind:5} {len(report.attempts)} attempts "
-            f"{report.seconds:5.1f} s {status}: {label}{fired}",
-            file=sys.stderr,
-            flush=True,
-        )
 
+def _print_progress(report: RunReport) -> None:
+    """One line per run on stderr (``--verbose``)."""
+    fired = "; ".join(FaultSpec.from_dict(_spec_fields(f)).describe() for f in report.fired) or (
+        "random kill" if report.kills else "no fault fired"
+    )
+    status = "ok" if not report.problems() else "PROBLEMS"
+    purpose = report.plan.purpose
+    label = f"{purpose}: " if purpose.startswith(("external", "concurrent")) else ""
+    if report.out_of_order:
+        label += f"{report.out_of_order} out-of-order; "
+    print(
+        f"{report.plan.run_id} {report.plan.kind:5} {len(report.attempts)} attempts "
+        f"{report.seconds:5.1f} s {status}: {label}{fired}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _print_result(result: CampaignResult, *, verbose: bool) -> None:
+    """The summary and every problem on stdout; known issues on stderr with ``verbose``."""
+    print(result.summary(), flush=True)
+    for report in result.reports:
+        for problem in report.problems():
+            print(f"  {report.plan.run_id}: {problem}", flush=True)
+    if verbose:
+        for report in result.reports:
+            for issue, details in sorted(report.known_issues().items()):
+                for detail in details:
+                    print(f"  {report.plan.run_id}: known {issue}: {detail}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    external, shapes, sinks = _checked_lists(parser, args)
     workdir = args.workdir or tempfile.mkdtemp(prefix="finalckpt-faults-")
     result = run_campaign(
         args.runs,
@@ -843,22 +906,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark_days=args.spark_days,
         fake_lanes=args.fake_lanes,
         gc_grace_s=args.gc_grace,
-        progress=progress if args.verbose else None,
+        progress=_print_progress if args.verbose else None,
         external=external,
         concurrent_runs=args.concurrent,
         shapes=shapes,
         concurrent_lanes=args.concurrent_lanes,
         sinks=sinks,
     )
-    print(result.summary(), flush=True)
-    for report in result.reports:
-        for problem in report.problems():
-            print(f"  {report.plan.run_id}: {problem}", flush=True)
-    if args.verbose:
-        for report in result.reports:
-            for issue, details in sorted(report.known_issues().items()):
-                for detail in details:
-                    print(f"  {report.plan.run_id}: known {issue}: {detail}", file=sys.stderr)
+    _print_result(result, verbose=args.verbose)
     if args.report:
         Path(args.report).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     if not args.workdir and not args.keep and result.ok:
