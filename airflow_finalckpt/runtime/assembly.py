@@ -45,9 +45,9 @@ class StageJob:
 class LogicFactory(Protocol):
     """Builds an attempt's stage logic (the Spark adapter) from the job, code and storage."""
 
-    def __call__(
-        self, job: StageJob, code: StageCode, storage: CheckpointStorage
-    ) -> StageLogic: ...
+    def __call__(self, job: StageJob, code: StageCode, storage: CheckpointStorage) -> StageLogic:
+        """The logic of one attempt, ready for ``StageRunner`` to restore and run."""
+        ...
 
 
 def assemble_runner(

@@ -51,7 +51,7 @@ from airflow_finalckpt.core.model import (
     output_parts,
 )
 from airflow_finalckpt.core.ports import CoordinatorPort
-from airflow_finalckpt.core.views import StopRequest, draining, suspends
+from airflow_finalckpt.core.views import StageView, StopRequest, draining, suspends
 from airflow_finalckpt.runtime.gc import collect_after_close
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 
@@ -66,6 +66,8 @@ class CommitMode(StrEnum):
 
 
 class RunStatus(StrEnum):
+    """How an attempt ended: input finished, suspended by a stop with savepoint, or closed."""
+
     FINISHED = "finished"
     SUSPENDED = "suspended"
     CLOSED = "closed"
@@ -89,6 +91,7 @@ class StageSpec:
 
     @property
     def policy(self) -> BatchPolicy:
+        """The batch sizing policy of ``batch_size``, ``target_batch_s`` and the split cap."""
         return policy_from(self.batch_size, self.target_batch_s, self.max_batch_splits)
 
 
@@ -107,6 +110,8 @@ class Batch:
 
 @dataclass(frozen=True)
 class BatchOutput:
+    """What a batch (or the finish) produced: output parts, new state, watermark."""
+
     parts: tuple[str, ...] = ()
     state: tuple[StateHandle, ...] | None = None
     watermark: int | None = None
@@ -115,7 +120,9 @@ class BatchOutput:
 class Log(Protocol):
     """Any logger with ``info`` (stdlib, or the Task SDK's structlog logger)."""
 
-    def info(self, event: Any, *args: Any, **kw: Any) -> Any: ...
+    def info(self, event: Any, *args: Any, **kw: Any) -> Any:
+        """Log ``event`` (a %-format string with ``args``)."""
+        ...
 
 
 class StageLogic(Protocol):
@@ -123,15 +130,23 @@ class StageLogic(Protocol):
     the input bytes of each split, so auto batches are sized by bytes, not split counts).
     """
 
-    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None: ...
+    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None:
+        """Load the state and watermark the last recorded batch left (none on a fresh start)."""
+        ...
 
-    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput: ...
+    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
+        """Run one batch, writing sink rows under ``txn_ids`` (sink id -> transaction id)."""
+        ...
 
-    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput: ...
+    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
+        """End of input: flush what state holds back (all windows when ``drain``)."""
+        ...
 
 
 @dataclass(frozen=True)
 class RunResult:
+    """The outcome of ``StageRunner.run``: status, end-of-data record, splits done or skipped."""
+
     status: RunStatus
     end_of_data: EndOfData | None = None
     processed_splits: tuple[str, ...] = ()
@@ -142,9 +157,13 @@ class RunResult:
 class ThroughputHints(Protocol):
     """Where a stage's measured batch throughput is kept between attempts and runs."""
 
-    def load(self, stage_id: str) -> Throughput | None: ...
+    def load(self, stage_id: str) -> Throughput | None:
+        """The stage's last stored throughput, or None."""
+        ...
 
-    def save(self, stage_id: str, throughput: Throughput) -> None: ...
+    def save(self, stage_id: str, throughput: Throughput) -> None:
+        """Keep the stage's throughput for the next attempt or run."""
+        ...
 
 
 @dataclass
@@ -207,6 +226,7 @@ class BatchSizer:
         return [self._weights[s] for s in splits]
 
     def next_size(self, pending: Sequence[str]) -> int:
+        """How many of the ``pending`` splits the next batch takes."""
         if self.policy.fixed is not None:
             return min(self.policy.fixed, len(pending))
         window = pending[: self.policy.max_splits]
@@ -214,6 +234,7 @@ class BatchSizer:
         return next_batch_size(self.policy, self.throughput, weights)
 
     def observe(self, splits: Sequence[str], seconds: float) -> None:
+        """Add a measured batch to the samples and refit the throughput."""
         weight = sum(self.weights(splits))
         self.samples.append(BatchSample(len(splits), weight, max(seconds, 0.0)))
         self.throughput = fit(self.samples, by_bytes=bool(self.by_bytes))
@@ -290,36 +311,9 @@ class StageRunner:
         stage_id = self.spec.stage_id
         view = self.coordinator.start_attempt(stage_id, total_splits=len(self.spec.splits))
         self.epoch = view.epoch
-        if view.lifecycle is StageLifecycle.CLOSED:
-            eod = view.final_snapshot.end_of_data if view.final_snapshot else None
-            self.log.info(
-                "stage %s is fully finished (closed on checkpoint %s): no Spark job submitted, "
-                "re-publishing its end_of_data",
-                stage_id,
-                view.closed_checkpoint_id,
-            )
-            return RunResult(RunStatus.CLOSED, eod, skipped_splits=len(self.spec.splits))
-        if view.lifecycle is StageLifecycle.FINISHED:
-            eod = view.final_snapshot.end_of_data if view.final_snapshot else None
-            self.log.info(
-                "stage %s already finished (attempt epoch %d): waiting for its final checkpoint",
-                stage_id,
-                self.epoch,
-            )
-            return RunResult(RunStatus.FINISHED, eod, skipped_splits=len(self.spec.splits))
-        if view.lifecycle is StageLifecycle.SUSPENDED:
-            stop = self.coordinator.stop_request()
-            self.log.info(
-                "stage %s does not start: the run is stopped with savepoint %s; it waits for a "
-                "resume",
-                stage_id,
-                stop.savepoint_id if stop else None,
-            )
-            return RunResult(
-                RunStatus.SUSPENDED,
-                skipped_splits=len(view.progress.finished_splits),
-                savepoint_id=stop.savepoint_id if stop else None,
-            )
+        skipped = self._skip(view)
+        if skipped is not None:
+            return skipped
         graph = self.coordinator.graph()
         upstream = graph.upstream(stage_id)
         output_read = bool(graph.downstream(stage_id))
@@ -370,37 +364,7 @@ class StageRunner:
                 output_read=output_read,
             )
             index += 1
-            started = self.timer()
-            out = self._process(batch)
-            if out.parts and self.output_handle is not None:
-                outputs = [*outputs, self.output_handle(batch, out.parts)]
-            if out.state is not None:
-                state = list(out.state)
-            self.fault("before-record-batch")
-            txns = self._precommit(batch.key)
-            try:
-                outcome = self.coordinator.record_batch(
-                    stage_id,
-                    self.epoch,
-                    finished_splits=batch.splits,
-                    state=[*outputs, *state],
-                    transactions=txns,
-                    watermark=out.watermark,
-                )
-            except StaleEpochError:
-                self._abort_stale_transactions(txns)
-                raise
-            self.fault("after-record-batch")
-            seconds = self.timer() - started
-            metrics.batch(stage_id, seconds, len(batch.splits))
-            sizer.observe(batch.splits, seconds)
-            if self.hints is not None and sizer.throughput is not None and self.spec.policy.auto:
-                self.hints.save(stage_id, sizer.throughput)
-            tracker.done += len(batch.splits)
-            tracker.processed.extend(batch.splits)
-            tracker.batches.append((len(batch.splits), seconds))
-            tracker.throughput = sizer.throughput
-            self._report(tracker, batch, outcome.acked)
+            outputs, state = self._run_batch(batch, outputs, state, sizer, tracker)
             now = self.clock()
             if now - last_trigger >= self.spec.checkpoint_interval_s:
                 self.coordinator.trigger(TriggerReason.PERIODIC)
@@ -414,6 +378,88 @@ class StageRunner:
             return self._suspend(tracker)
         drain = drain or draining(stop) or self._upstream_drained(upstream)
         return self._finish(tracker, outputs, state, drain=drain, unread=unread)
+
+    def _skip(self, view: StageView) -> RunResult | None:
+        """The result of an attempt with nothing to process: the stage is closed, finished
+        (waiting for its final checkpoint) or suspended by a stop with savepoint; else None.
+        """
+        stage_id = self.spec.stage_id
+        if view.lifecycle is StageLifecycle.CLOSED:
+            eod = view.final_snapshot.end_of_data if view.final_snapshot else None
+            self.log.info(
+                "stage %s is fully finished (closed on checkpoint %s): no Spark job submitted, "
+                "re-publishing its end_of_data",
+                stage_id,
+                view.closed_checkpoint_id,
+            )
+            return RunResult(RunStatus.CLOSED, eod, skipped_splits=len(self.spec.splits))
+        if view.lifecycle is StageLifecycle.FINISHED:
+            eod = view.final_snapshot.end_of_data if view.final_snapshot else None
+            self.log.info(
+                "stage %s already finished (attempt epoch %d): waiting for its final checkpoint",
+                stage_id,
+                self.epoch,
+            )
+            return RunResult(RunStatus.FINISHED, eod, skipped_splits=len(self.spec.splits))
+        if view.lifecycle is StageLifecycle.SUSPENDED:
+            stop = self.coordinator.stop_request()
+            self.log.info(
+                "stage %s does not start: the run is stopped with savepoint %s; it waits for a "
+                "resume",
+                stage_id,
+                stop.savepoint_id if stop else None,
+            )
+            return RunResult(
+                RunStatus.SUSPENDED,
+                skipped_splits=len(view.progress.finished_splits),
+                savepoint_id=stop.savepoint_id if stop else None,
+            )
+        return None
+
+    def _run_batch(
+        self,
+        batch: Batch,
+        outputs: list[StateHandle],
+        state: list[StateHandle],
+        sizer: BatchSizer,
+        tracker: Progress,
+    ) -> tuple[list[StateHandle], list[StateHandle]]:
+        """Process one batch, pre-commit its transactions and record it with the coordinator
+        (fenced by epoch); returns the output handles and state to record with the next batch.
+        """
+        assert self.epoch is not None
+        started = self.timer()
+        out = self._process(batch)
+        if out.parts and self.output_handle is not None:
+            outputs = [*outputs, self.output_handle(batch, out.parts)]
+        if out.state is not None:
+            state = list(out.state)
+        self.fault("before-record-batch")
+        txns = self._precommit(batch.key)
+        try:
+            outcome = self.coordinator.record_batch(
+                self.spec.stage_id,
+                self.epoch,
+                finished_splits=batch.splits,
+                state=[*outputs, *state],
+                transactions=txns,
+                watermark=out.watermark,
+            )
+        except StaleEpochError:
+            self._abort_stale_transactions(txns)
+            raise
+        self.fault("after-record-batch")
+        seconds = self.timer() - started
+        metrics.batch(self.spec.stage_id, seconds, len(batch.splits))
+        sizer.observe(batch.splits, seconds)
+        if self.hints is not None and sizer.throughput is not None and self.spec.policy.auto:
+            self.hints.save(self.spec.stage_id, sizer.throughput)
+        tracker.done += len(batch.splits)
+        tracker.processed.extend(batch.splits)
+        tracker.batches.append((len(batch.splits), seconds))
+        tracker.throughput = sizer.throughput
+        self._report(tracker, batch, outcome.acked)
+        return outputs, state
 
     def _sizer(self) -> BatchSizer:
         policy = self.spec.policy
