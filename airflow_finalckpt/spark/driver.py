@@ -105,6 +105,7 @@ class Heartbeat(threading.Thread):
         self.stopped = threading.Event()
 
     def beat(self) -> None:
+        """Write ``heartbeat.json`` now: time, host, pid, epoch and Spark application id."""
         doc = {
             "at": time.time(),
             "host": socket.gethostname(),
@@ -115,6 +116,7 @@ class Heartbeat(threading.Thread):
         self.files.write(self.sid, "heartbeat.json", json.dumps(doc).encode())
 
     def run(self) -> None:
+        """Beat every ``interval`` seconds until stopped; exit on a ``cancel`` marker."""
         while not self.stopped.wait(self.interval):
             try:
                 if self.files.exists(self.sid, "cancel"):
@@ -238,6 +240,7 @@ def run_job(job_uri: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The submitted driver's entry point: run the stage of ``--job`` and write its result file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="URI of the job spec (spec.json)")
     args = parser.parse_args(argv)

@@ -139,12 +139,14 @@ class DriverJob:
         )
 
     def to_json(self) -> bytes:
+        """The job spec as written to ``spec.json`` for the driver."""
         doc = dataclasses.asdict(self)
         doc["splits"] = list(self.splits)
         return json.dumps(doc, sort_keys=True, indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> DriverJob:
+        """The job of ``spec.json``; refused if another version of the plugin wrote it."""
         doc = json.loads(data)
         if doc.get("format") != JOB_FORMAT:
             raise ConfigurationError(
@@ -156,10 +158,12 @@ class DriverJob:
 
 
 def submission_dir(stage_id: str, submission_id: str | None = None) -> str:
+    """``drivers/<stage>[/<submission>]``: where one stage's driver files live."""
     return posixpath.join(DRIVERS_DIR, stage_id, *([submission_id] if submission_id else []))
 
 
 def result_to_json(result: RunResult, **extra: Any) -> bytes:
+    """A driver's ``RunResult`` (plus ``extra`` fields) as JSON for ``result.json``."""
     doc: dict[str, Any] = {}
     for f in dataclasses.fields(result):
         value = getattr(result, f.name)
@@ -175,6 +179,7 @@ def result_to_json(result: RunResult, **extra: Any) -> bytes:
 
 
 def result_from_doc(doc: Mapping[str, Any]) -> RunResult:
+    """The ``RunResult`` of a ``result.json`` document; fields it does not know are ignored."""
     names = {f.name for f in dataclasses.fields(RunResult)}
     kwargs: dict[str, Any] = {}
     for name, value in doc.items():
@@ -234,14 +239,17 @@ class Files:
         self.stage_id = stage_id
 
     def path(self, submission_id: str | None, name: str) -> str:
+        """The path of a driver file relative to the pipeline's directory."""
         return posixpath.join(submission_dir(self.stage_id, submission_id), name)
 
     def write(self, submission_id: str | None, name: str, data: bytes) -> str:
+        """Write a driver file atomically; returns its full URI."""
         rel = self.path(submission_id, name)
         self.storage.write_state(self.pipeline_key, rel, data)
         return self.storage.resolve_handle(self.pipeline_key, rel)
 
     def read(self, submission_id: str | None, name: str) -> bytes | None:
+        """A driver file's bytes, read afresh (not from a listing cache); None if absent."""
         full = self.storage.resolve_handle(self.pipeline_key, self.path(submission_id, name))
         fs = self.storage.fs
         try:
@@ -251,14 +259,17 @@ class Files:
             return None
 
     def read_json(self, submission_id: str | None, name: str) -> dict[str, Any] | None:
+        """A driver file as a JSON object; None if absent."""
         data = self.read(submission_id, name)
         return None if data is None else dict(json.loads(data))
 
     def exists(self, submission_id: str | None, name: str) -> bool:
+        """Whether a driver file (such as the ``cancel`` marker) exists."""
         return self.read(submission_id, name) is not None
 
 
 def heartbeat_age(beat: Mapping[str, Any] | None) -> float | None:
+    """Seconds since the driver's last heartbeat; None before its first."""
     if beat is None:
         return None
     return max(0.0, time.time() - float(beat.get("at", 0)))

@@ -75,10 +75,12 @@ class BatchContext:
         return self.logic.read_parts(manifest)
 
     def get_state(self, name: str) -> DataFrame | None:
+        """The stage's state frame ``name`` as the last recorded batch left it; None if unset."""
         assert self.logic is not None
         return self.logic.read_state(STATE_PREFIX + name)
 
     def set_state(self, name: str, frame: DataFrame) -> None:
+        """Keep ``frame`` as state ``name``; written with this batch's record."""
         assert self.logic is not None
         self.logic.pending_state[STATE_PREFIX + name] = frame
 
@@ -136,6 +138,7 @@ class BatchContext:
         return frame
 
     def set_watermark(self, watermark: int) -> None:
+        """Advance the stage's watermark (event time in ms); it never goes back."""
         self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
 
 
@@ -202,15 +205,18 @@ class SparkStageLogic:
 
     @property
     def spark_started(self) -> bool:
+        """Whether a Spark session exists yet (created on first use)."""
         return is_spark_session(self._spark)
 
     # -- StageLogic ------------------------------------------------------------------------
 
     def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None:
+        """Take the state handles and watermark the last recorded batch left."""
         self.handles = {h.name: h for h in state}
         self.watermark = watermark
 
     def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
+        """Run the transform on one batch; its frame goes to the output parts and the sinks."""
         ctx = BatchContext(
             self.spark,
             self.stage_id,
@@ -223,6 +229,7 @@ class SparkStageLogic:
         return self._run(ctx, self.transform, batch.key, txn_ids)
 
     def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
+        """End of input (or a drain): run the finish hook, if any; else keep the state as it is."""
         ctx = BatchContext(
             self.spark, self.stage_id, (), self.watermark, finishing=True, drain=drain, logic=self
         )
@@ -276,6 +283,7 @@ class SparkStageLogic:
     # -- output handles (the runtime records them with the batch) --------------------------
 
     def output_handle(self, batch: Batch, parts: Sequence[str]) -> StateHandle:
+        """Record a batch's output parts in a small JSON file; its handle names the parts."""
         doc = {"stage_id": self.stage_id, "batch": batch.key, "parts": list(parts)}
         return self.storage.write_state(
             self.pipeline_key,
@@ -304,6 +312,7 @@ class SparkStageLogic:
         self.pending_state = {}
 
     def read_state(self, name: str) -> DataFrame | None:
+        """The frame of state ``name`` read back from its Parquet files; None if unset."""
         handle = self.handles.get(name)
         if handle is None:
             return None
@@ -349,6 +358,7 @@ class SparkStageLogic:
         return sizes
 
     def read_parts(self, parts: Sequence[str]) -> DataFrame:
+        """Upstream output parts as one frame; a stage's part schema is read once per attempt."""
         if not parts:
             raise FinalCheckpointError(f"stage {self.stage_id!r}: no input parts to read")
         paths = [spark_path(self._resolve(p)) for p in parts]

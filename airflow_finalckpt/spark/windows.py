@@ -42,6 +42,8 @@ class WindowError(FinalCheckpointError):
 
 
 class AggregateKind(StrEnum):
+    """How a window aggregates a column."""
+
     COUNT = "count"
     SUM = "sum"
     MIN = "min"
@@ -102,22 +104,27 @@ class Aggregate:
 
     @classmethod
     def count(cls, name: str, column: str | None = None) -> Aggregate:
+        """Count rows (or non-null values of ``column``) per window."""
         return cls(name, AggregateKind.COUNT, column)
 
     @classmethod
     def sum(cls, name: str, column: str) -> Aggregate:
+        """Sum ``column`` per window."""
         return cls(name, AggregateKind.SUM, column)
 
     @classmethod
     def min(cls, name: str, column: str) -> Aggregate:
+        """Minimum of ``column`` per window."""
         return cls(name, AggregateKind.MIN, column)
 
     @classmethod
     def max(cls, name: str, column: str) -> Aggregate:
+        """Maximum of ``column`` per window."""
         return cls(name, AggregateKind.MAX, column)
 
     @classmethod
     def avg(cls, name: str, column: str) -> Aggregate:
+        """Average of ``column`` per window (kept as a sum and a count)."""
         return cls(name, AggregateKind.AVG, column)
 
     @property
@@ -128,10 +135,12 @@ class Aggregate:
         return (str(self.kind),)
 
     def partial_column(self, part: str) -> str:
+        """The state column holding one partial of this aggregate."""
         return f"{self.name}__{part}"
 
     @property
     def partial_columns(self) -> tuple[str, ...]:
+        """Every state column of this aggregate."""
         return tuple(self.partial_column(part) for part in self.partial_parts)
 
 

@@ -67,6 +67,8 @@ class UnsupportedDeployModeError(ConfigurationError, StageDefinitionError):
 
 
 class ExecutionMode(StrEnum):
+    """Where a stage's Spark driver runs: in the task, by spark-submit, or on Spark Connect."""
+
     IN_PROCESS = "in-process"
     SUBMIT = "submit"
     CONNECT = "connect"
@@ -84,9 +86,11 @@ class SparkTarget:
 
     @property
     def is_cluster_deploy(self) -> bool:
+        """Whether the driver runs on the cluster (its files travel by the checkpoint storage)."""
         return self.deploy_mode == "cluster"
 
     def describe(self) -> str:
+        """The target in words for logs, with the master's credentials masked."""
         deploy = f", deploy mode {self.deploy_mode}" if self.deploy_mode else ""
         return f"{self.mode.value} on {mask_master(self.master)}{deploy} ({self.source})"
 
@@ -163,60 +167,95 @@ def resolve_target(
     """
     if connection is None and lookup and spark_conn_id:
         connection = connection_info(spark_conn_id)
-    sources: list[str] = []
-    if spark_master:
-        master = spark_master
-        sources.append("master from spark_master")
-    elif connection is not None:
-        master = connection.master
-        sources.append(f"master from connection {spark_conn_id}")
-    else:
-        master = DEFAULT_MASTER
-        sources.append("default master")
+    master, master_source = _resolve_master(spark_master, connection, spark_conn_id)
     conn_deploy = connection.deploy_mode if connection is not None else None
+    mode, mode_source = _resolve_mode(
+        execution, connection, spark_conn_id, master, deploy_mode or conn_deploy
+    )
+    source = f"{master_source}; {mode_source}"
+    if mode is ExecutionMode.SUBMIT:
+        resolved_deploy = _submit_deploy_mode(master, deploy_mode or conn_deploy, source)
+        return SparkTarget(mode, master, resolved_deploy, spark_conn_id, source)
+    _check_driver_in_task(mode, master, deploy_mode, source)
+    return SparkTarget(mode, master, None, spark_conn_id, source)
 
+
+def _resolve_master(
+    spark_master: str | None, connection: ConnectionInfo | None, spark_conn_id: str | None
+) -> tuple[str, str]:
+    """The master and where it came from: the argument, else the connection, else the default."""
+    if spark_master:
+        return spark_master, "master from spark_master"
+    if connection is not None:
+        return connection.master, f"master from connection {spark_conn_id}"
+    return DEFAULT_MASTER, "default master"
+
+
+def _resolve_mode(
+    execution: str | ExecutionMode | None,
+    connection: ConnectionInfo | None,
+    spark_conn_id: str | None,
+    master: str,
+    deploy_mode: str | None,
+) -> tuple[ExecutionMode, str]:
+    """The execution mode and where it came from: the argument, the connection's extra, the
+    ``[finalckpt]`` setting, else what the master and deploy mode imply.
+    """
     if execution:
-        mode = _parse_mode(execution, "operator argument spark_execution")
-        sources.append("mode from spark_execution")
-    elif connection is not None and connection.execution:
+        return (
+            _parse_mode(execution, "operator argument spark_execution"),
+            "mode from spark_execution",
+        )
+    if connection is not None and connection.execution:
         where = f"connection {spark_conn_id} extra {EXECUTION_EXTRA}"
-        mode = _parse_mode(connection.execution, where)
-        sources.append(f"mode from connection extra {EXECUTION_EXTRA}")
-    elif (configured := _configured_mode()) is not None:
-        mode = _parse_mode(configured, f"{EXECUTION_ENV} / [finalckpt] spark_execution")
-        sources.append("mode from [finalckpt] spark_execution")
-    elif master.startswith("sc://"):
-        mode = ExecutionMode.CONNECT
-        sources.append("mode from the sc:// master")
-    elif (deploy_mode or conn_deploy) and not master.startswith("local"):
-        mode = ExecutionMode.SUBMIT
-        sources.append("mode from the deploy mode")
-    else:
-        mode = ExecutionMode.IN_PROCESS
-        sources.append("default mode")
+        return (
+            _parse_mode(connection.execution, where),
+            f"mode from connection extra {EXECUTION_EXTRA}",
+        )
+    if (configured := _configured_mode()) is not None:
+        return (
+            _parse_mode(configured, f"{EXECUTION_ENV} / [finalckpt] spark_execution"),
+            "mode from [finalckpt] spark_execution",
+        )
+    if master.startswith("sc://"):
+        return ExecutionMode.CONNECT, "mode from the sc:// master"
+    if deploy_mode and not master.startswith("local"):
+        return ExecutionMode.SUBMIT, "mode from the deploy mode"
+    return ExecutionMode.IN_PROCESS, "default mode"
 
-    source = "; ".join(sources)
+
+def _check_driver_in_task(
+    mode: ExecutionMode, master: str, deploy_mode: str | None, source: str
+) -> None:
+    """Connect needs an sc:// master and only it takes one; in-process refuses cluster mode."""
     if mode is ExecutionMode.CONNECT:
         if not master.startswith("sc://"):
             raise ConfigurationError(
                 f"execution mode connect needs a Spark Connect URL (sc://host:port), got master "
                 f"{mask_master(master)!r} ({source})"
             )
-        return SparkTarget(mode, master, None, spark_conn_id, source)
+        return
     if master.startswith("sc://"):
         raise ConfigurationError(
             f"master {mask_master(master)!r} is a Spark Connect URL but the execution mode is "
             f"{mode.value}; use execution mode connect (or leave it unset) ({source})"
         )
-    if mode is ExecutionMode.IN_PROCESS:
-        if deploy_mode == "cluster":
-            raise ConfigurationError(
-                "deploy mode cluster needs execution mode submit: an in-process driver runs in "
-                f"the Airflow task ({source})"
-            )
-        return SparkTarget(mode, master, None, spark_conn_id, source)
+    if deploy_mode == "cluster":
+        raise ConfigurationError(
+            "deploy mode cluster needs execution mode submit: an in-process driver runs in "
+            f"the Airflow task ({source})"
+        )
 
-    resolved_deploy = deploy_mode or conn_deploy or "client"
+
+def _submit_deploy_mode(master: str, deploy_mode: str | None, source: str) -> str:
+    """The deploy mode of a spark-submit (client unless set), refused where it cannot run."""
+    if master.startswith("sc://"):
+        raise ConfigurationError(
+            f"master {mask_master(master)!r} is a Spark Connect URL but the execution mode is "
+            f"{ExecutionMode.SUBMIT.value}; use execution mode connect (or leave it unset) "
+            f"({source})"
+        )
+    resolved_deploy = deploy_mode or "client"
     if resolved_deploy not in ("client", "cluster"):
         raise ConfigurationError(
             f"deploy mode {resolved_deploy!r} is not 'client' or 'cluster' ({source})"
@@ -227,4 +266,4 @@ def resolve_target(
         raise UnsupportedDeployModeError(
             f"deploy mode cluster needs a cluster master, not {master!r} ({source})"
         )
-    return SparkTarget(mode, master, resolved_deploy, spark_conn_id, source)
+    return resolved_deploy

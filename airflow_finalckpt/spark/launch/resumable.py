@@ -65,7 +65,9 @@ class Launcher(Protocol):
     #: set by ``on_kill``: stop waiting for a reattached driver
     killed: bool
 
-    def make_hook(self, job: DriverJob, spec_uri: str) -> Any: ...
+    def make_hook(self, job: DriverJob, spec_uri: str) -> Any:
+        """The SparkSubmitHook that submits ``job`` (its spec at ``spec_uri``)."""
+        ...
 
 
 class SubmissionStatus:
@@ -103,10 +105,12 @@ class StorageStateStore:
         self.files = files
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A value of the stage's record, as the Task SDK's state store would return it."""
         doc = self.files.read_json(None, "current.json")
         return default if doc is None else doc.get(key, default)
 
     def set(self, key: str, value: Any, **_kw: Any) -> None:
+        """Store a value in the stage's record (one atomic file write)."""
         doc = self.files.read_json(None, "current.json") or {}
         doc[key] = value
         self.files.write(None, "current.json", json.dumps(doc, sort_keys=True).encode())
@@ -215,6 +219,7 @@ class ResumableSubmission(ResumableJobMixin):
         return record
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
+        """The recorded submission's status from its driver files; remembered for ``on_kill``."""
         record = dict(external_id) if isinstance(external_id, Mapping) else {}
         status = self._status(record)
         self.previous = {"submission_id": record.get("submission_id"), "status": status}
@@ -247,9 +252,11 @@ class ResumableSubmission(ResumableJobMixin):
         return SubmissionStatus.RUNNING if age < stale else SubmissionStatus.LOST
 
     def is_job_active(self, status: str) -> bool:
+        """Whether the driver may still be working (submitted, or beating recently)."""
         return status in SubmissionStatus.ACTIVE
 
     def is_job_succeeded(self, status: str) -> bool:
+        """Whether the driver wrote a result."""
         return status == SubmissionStatus.FINISHED
 
     def poll_until_complete(self, external_id: Any, context: Any) -> Any:
@@ -265,6 +272,7 @@ class ResumableSubmission(ResumableJobMixin):
         return self.get_job_result(external_id, context)
 
     def get_job_result(self, external_id: Any, context: Any) -> DriverOutcome:
+        """The driver's result; a clear DriverError if it ended without one."""
         sid = str(dict(external_id)["submission_id"])
         doc = self.files.read_json(sid, "result.json")
         if doc is None:

@@ -301,6 +301,7 @@ class SubmitLauncher:
         return conf
 
     def make_hook(self, job: DriverJob, spec_uri: str) -> Any:
+        """The SparkSubmitHook of this job: master, deploy mode, conf, the driver's environment."""
         if self.target.is_cluster_deploy and self.target.master.startswith("spark://"):
             # resolve_target refuses it already; a last guard before anything is submitted
             raise UnsupportedDeployModeError(STANDALONE_PYTHON_CLUSTER_MODE)
