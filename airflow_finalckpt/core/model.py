@@ -47,16 +47,21 @@ class StageLifecycle(StrEnum):
 
 
 class CheckpointKind(StrEnum):
+    """A periodic or eager checkpoint, a savepoint, or the savepoint a drain ends with."""
+
     CHECKPOINT = "checkpoint"
     SAVEPOINT = "savepoint"
     DRAINED_SAVEPOINT = "drained_savepoint"
 
     @property
     def is_savepoint(self) -> bool:
+        """Savepoints (drained or not) are never subsumed and are kept by retention."""
         return self is not CheckpointKind.CHECKPOINT
 
 
 class TriggerReason(StrEnum):
+    """Why a checkpoint was triggered."""
+
     PERIODIC = "periodic"
     EAGER_FINAL = "eager_final"
     SAVEPOINT = "savepoint"
@@ -65,6 +70,8 @@ class TriggerReason(StrEnum):
 
 
 class CheckpointState(StrEnum):
+    """A checkpoint's life in the coordination store."""
+
     PENDING = "PENDING"
     COMPLETED = "COMPLETED"
     ABORTED = "ABORTED"
@@ -72,12 +79,16 @@ class CheckpointState(StrEnum):
 
 
 class TransactionState(StrEnum):
+    """A sink transaction's two-phase-commit state."""
+
     PRECOMMITTED = "PRECOMMITTED"
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
 
 
 class StopMode(StrEnum):
+    """Stop with drain (finish everything) or with savepoint (suspend, resume later)."""
+
     DRAIN = "drain"
     SAVEPOINT = "savepoint"
 

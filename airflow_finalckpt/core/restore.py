@@ -83,6 +83,8 @@ GRAPH_CHANGE_RULES = (
 
 
 class StageAction(StrEnum):
+    """What a stage does on restore (see the module docstring)."""
+
     SKIP = "skip"
     RESUME = "resume"
     FRESH = "fresh"
@@ -99,6 +101,8 @@ class StageRestore:
     pending_transactions: tuple[SinkTransaction, ...] = ()
     watermark: int | None = None
     end_of_data: EndOfData | None = None
+    #: How many splits a skipped stage finished (its split ids are not kept: metadata v2).
+    finished_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -120,14 +124,17 @@ class RestorePlan:
 
     @property
     def skipped(self) -> list[str]:
+        """Stages restored as fully finished: no Spark job."""
         return self._with_action(StageAction.SKIP)
 
     @property
     def resumed(self) -> list[str]:
+        """Stages that redo only their unfinished splits."""
         return self._with_action(StageAction.RESUME)
 
     @property
     def fresh(self) -> list[str]:
+        """Stages that start from nothing."""
         return self._with_action(StageAction.FRESH)
 
     def stage(self, stage_id: str) -> StageRestore:
@@ -168,6 +175,7 @@ class GraphChangeViolation:
     detail: str
 
     def error(self) -> IllegalGraphChangeError:
+        """The exception naming the stage and the rule."""
         return IllegalGraphChangeError(self.stage_id, self.rule, self.detail)
 
 
@@ -387,6 +395,7 @@ class GraphChange:
     forgotten: tuple[str, ...]
 
     def describe(self) -> str:
+        """One line for the task log."""
         parts = [f"keep {sid} ({self.statuses[sid]})" for sid in self.kept]
         parts += [f"new {sid}" for sid in self.fresh]
         if self.dropped:
@@ -456,6 +465,7 @@ def _stage_restore(sid: str, entry: StageCheckpointRecord | None) -> StageRestor
             pending_transactions=entry.pending_transactions,
             watermark=entry.watermark,
             end_of_data=entry.end_of_data,
+            finished_count=entry.done_splits,
         )
     if entry.status is StageStatus.RUNNING and not _has_snapshot(entry):
         return StageRestore(sid, StageAction.FRESH)
@@ -535,6 +545,9 @@ def plan_document(plan: RestorePlan) -> dict[str, object]:
                 "stage_id": sid,
                 "action": stage.action.value,
                 "finished_splits": sorted(stage.finished_splits),
+                "finished_count": stage.finished_count
+                if stage.action is StageAction.SKIP
+                else len(stage.finished_splits),
                 "redo": {
                     StageAction.SKIP: "nothing (fully finished: no Spark job, end_of_data "
                     "re-published)",

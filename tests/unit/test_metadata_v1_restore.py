@@ -83,7 +83,7 @@ def test_the_v1_fixture_restores_and_v2_gives_identical_views(
 
 
 def test_the_v1_fixture_plans_skip_resume_and_fresh() -> None:
-    from airflow_finalckpt.core.restore import plan_restore
+    from airflow_finalckpt.core.restore import plan_document, plan_restore
 
     storage = CheckpointStorage(str(FIXTURE))
     record = storage.read_checkpoint(storage.metadata_path(KEY, 2))
@@ -96,4 +96,8 @@ def test_the_v1_fixture_plans_skip_resume_and_fresh() -> None:
         "windows": StageAction.FRESH,
     }
     assert record.stages["ingest"].done_splits == 3
+    # the dry-run document still counts what a skipped stage finished (no ids: metadata v2)
+    doc = {s["stage_id"]: s for s in plan_document(plan)["stages"]}
+    assert (doc["ingest"]["finished_splits"], doc["ingest"]["finished_count"]) == ([], 3)
+    assert doc["enrich"]["finished_count"] == 2
     assert [t.txn_id for t in plan.stage("ingest").pending_transactions] == ["ingest.e1.t0"]
