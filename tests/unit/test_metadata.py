@@ -42,6 +42,7 @@ from airflow_finalckpt.core.model import (
 )
 
 GOLDEN_V1 = Path(__file__).parent.parent / "fixtures" / "metadata" / "v1"
+GOLDEN_V2 = GOLDEN_V1.parent / "v2"
 
 
 def sha(text: str) -> str:
@@ -395,6 +396,30 @@ def test_v1_schema_is_frozen(name: str) -> None:
     body = json.loads((GOLDEN_V1 / name).read_bytes())["body"]
     reencoded = CheckpointBodyV1.model_validate(body).model_dump(mode="json")
     assert independent_checksum(reencoded) == independent_checksum(body)
+
+
+# -- golden v2 files (written once by version 2's writer, never regenerated) ----------------
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_FILES))
+def test_golden_v2_file_still_loads(name: str) -> None:
+    data = (GOLDEN_V2 / name).read_bytes()
+    assert json.loads(data)["version"] == 2
+    assert load_metadata(data, source=name) == as_kept(GOLDEN_FILES[name]())
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_FILES))
+def test_v2_schema_is_frozen(name: str) -> None:
+    """Re-encoding a golden body with the v2 schema gives the same bytes."""
+    body = json.loads((GOLDEN_V2 / name).read_bytes())["body"]
+    reencoded = CheckpointBodyV2.model_validate(body).model_dump(mode="json")
+    assert independent_checksum(reencoded) == independent_checksum(body)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_FILES))
+def test_a_v1_file_upgraded_reads_as_the_v2_file(name: str) -> None:
+    v1 = load_metadata((GOLDEN_V1 / name).read_bytes(), source=name)
+    assert v1 == load_metadata((GOLDEN_V2 / name).read_bytes(), source=name)
 
 
 # -- the extension path: a test-only version 3 ----------------------------------------------
