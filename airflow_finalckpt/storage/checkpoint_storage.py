@@ -83,6 +83,7 @@ class CheckpointStorage:
 
     @property
     def root(self) -> str:
+        """The storage root as users wrote it (a URI when they gave one)."""
         return self._public(self._root or "/")
 
     def _public(self, fs_path: str) -> str:
@@ -104,12 +105,15 @@ class CheckpointStorage:
         )
 
     def pipeline_dir(self, pipeline_key: str) -> str:
+        """The pipeline's directory: its checkpoints, state files and outputs."""
         return self._public(self._pipeline_fs_dir(pipeline_key))
 
     def checkpoint_dir(self, pipeline_key: str, checkpoint_id: int) -> str:
+        """The ``chk-<id>`` directory of a checkpoint."""
         return self._public(self._checkpoint_fs_dir(pipeline_key, checkpoint_id))
 
     def metadata_path(self, pipeline_key: str, checkpoint_id: int) -> str:
+        """Where a checkpoint's ``_metadata`` is (whether or not it exists)."""
         fs_dir = self._checkpoint_fs_dir(pipeline_key, checkpoint_id)
         return self._public(f"{fs_dir}/{METADATA_FILE_NAME}")
 

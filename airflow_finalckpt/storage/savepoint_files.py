@@ -69,6 +69,7 @@ SELF_CONTAINED_KINDS = frozenset({CheckpointKind.SAVEPOINT})
 
 
 def is_self_contained_kind(record: CheckpointRecord) -> bool:
+    """Savepoints carry copies of their files, so their path alone restores them."""
     return record.kind in SELF_CONTAINED_KINDS
 
 
@@ -154,6 +155,7 @@ def _place(fs: AbstractFileSystem, src: str, dst: str) -> None:
 
 
 def manifest_checksum(files: dict[str, Any]) -> str:
+    """The sha256 of a savepoint's file list, in canonical JSON."""
     canonical = json.dumps(files, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
