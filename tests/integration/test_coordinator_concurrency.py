@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +154,24 @@ def check_invariants(engine: Engine, work: wl.Workload, events: list[dict[str, A
             .all()
         )
 
+    ids = check_checkpoint_ids(checkpoints, next_id)
+    check_acks(checkpoints, acks)
+    completed_ids = {int(c["checkpoint_id"]) for c in checkpoints if c["completed_at"]}
+    check_stages_closed(work, stages, completed_ids, events)
+    check_transactions(work, events, txns, stages, ids)
+    check_processed(work, events)
+
+
+def check_checkpoint_ids(checkpoints: Sequence[Any], next_id: int) -> list[int]:
     # Checkpoint ids are exactly 1..N: no id lost, none handed out twice.
     ids = [int(c["checkpoint_id"]) for c in checkpoints]
     assert ids == list(range(1, len(ids) + 1))
     assert next_id == len(ids) + 1
     assert len(ids) >= len(wl.STAGES)  # at least one eager final checkpoint per stage
+    return ids
 
+
+def check_acks(checkpoints: Sequence[Any], acks: Sequence[Any]) -> None:
     # Every checkpoint counted exactly the acknowledgements it received; none hangs.
     acked: dict[int, list[str]] = defaultdict(list)
     for ack in acks:
@@ -179,8 +191,14 @@ def check_invariants(engine: Engine, work: wl.Workload, events: list[dict[str, A
             assert ck["state"] == CheckpointState.ABORTED.value and ck["failure_reason"], cid
     assert completed >= 1
 
+
+def check_stages_closed(
+    work: wl.Workload,
+    stages: dict[str, Any],
+    completed_ids: set[int],
+    events: list[dict[str, Any]],
+) -> None:
     # Every stage finished all its splits and closed once, at or after its threshold.
-    completed_ids = {int(c["checkpoint_id"]) for c in checkpoints if c["completed_at"]}
     assert set(stages) == set(wl.STAGES)
     for sid, row in stages.items():
         all_splits = frozenset(work.splits(sid))
@@ -201,6 +219,14 @@ def check_invariants(engine: Engine, work: wl.Workload, events: list[dict[str, A
             assert ev["checkpoint"] == row["closed_checkpoint_id"], (sid, ev)
             assert ev["aborted"] == [], (sid, ev)
 
+
+def check_transactions(
+    work: wl.Workload,
+    events: list[dict[str, Any]],
+    txns: Sequence[Any],
+    stages: dict[str, Any],
+    ids: list[int],
+) -> None:
     # Transactions: none left pre-committed, each committed at most once by a live call, and
     # every split's output committed exactly once.
     commits = Counter(ev["txn"] for ev in events if ev["event"] == "commit" and ev["newly"])
@@ -220,6 +246,8 @@ def check_invariants(engine: Engine, work: wl.Workload, events: list[dict[str, A
     for sid in wl.STAGES:
         assert committed_splits[sid] == Counter(work.splits(sid)), sid
 
+
+def check_processed(work: wl.Workload, events: list[dict[str, Any]]) -> None:
     # The splits the processes worked on are exactly the splits recorded as finished.
     processed: dict[str, set[str]] = defaultdict(set)
     for ev in events:

@@ -184,6 +184,28 @@ def _views(reader: StagedTableSink, con: duckdb.DuckDBPyConnection) -> dict[str,
     return views
 
 
+def _read_until(
+    done: threading.Event,
+    reader: StagedTableSink,
+    size: int,
+    seen: dict[str, list[int]],
+    errors: list[str],
+) -> None:
+    """Read through every engine until ``done``: note each view's row count in ``seen``, and in
+    ``errors`` a view that is not whole batches of ``size`` ids in commit order."""
+    con = duckdb.connect()
+    while not done.is_set():
+        try:
+            views = _views(reader, con)
+        except Exception as exc:
+            errors.append(repr(exc))
+            return
+        for engine, ids in views.items():
+            if len(ids) % size or sorted(ids) != list(range(len(ids))):
+                errors.append(f"{engine}: partial view of {len(ids)} rows")
+            seen.setdefault(engine, []).append(len(ids))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_concurrent_reader_never_sees_a_partial_batch(
     spark: SparkSession, tmp_path: Path, kind: str
@@ -203,18 +225,7 @@ def test_a_concurrent_reader_never_sees_a_partial_batch(
     done = threading.Event()
 
     def read() -> None:
-        reader = make_sink(kind, tmp_path)
-        con = duckdb.connect()
-        while not done.is_set():
-            try:
-                views = _views(reader, con)
-            except Exception as exc:
-                errors.append(repr(exc))
-                return
-            for engine, ids in views.items():
-                if len(ids) % size or sorted(ids) != list(range(len(ids))):
-                    errors.append(f"{engine}: partial view of {len(ids)} rows")
-                seen.setdefault(engine, []).append(len(ids))
+        _read_until(done, make_sink(kind, tmp_path), size, seen, errors)
 
     threads = [threading.Thread(target=read) for _ in range(2)]
     for thread in threads:
