@@ -14,6 +14,8 @@ Layout under the table root (names starting with ``_`` or ``.`` are hidden from 
 - ``_commits/<txn_id>.json``: the commit record of the old ``manifest`` mode, whose data stayed
   in ``_staging/<txn_id>/``. Still read; the first commit of a new sink object on the table moves
   such transactions to ``txn-<txn_id>/`` (migration).
+
+The crash-safe file operations these steps rest on are in ``parquet_files``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@
   (primary key sink_id + txn_id) and moves the rows from staging into the target table. If the
   record already exists nothing happens and commit returns False, so a commit replayed after a
   crash, or racing another process, never duplicates rows.
+
+This class composes those steps; the table definitions and name checks are in ``sql_tables``,
+the bookkeeping rows in ``sql_bookkeeping``, what a Spark task runs in ``sql_staging``.
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ class SqlTableSink(TwoPhaseCommitSink):
             return self._books.commit_record_exists(conn, txn_id)
 
     def committed_txn_ids(self) -> set[str]:
-        """Every transaction with a commit record in this database."""
+        """Every transaction of this sink with a commit record."""
         self._books.ensure()
         with self.engine.connect() as conn:
             return self._books.committed_txn_ids(conn)
