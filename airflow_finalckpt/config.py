@@ -29,12 +29,15 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.provider_info import SECTION, SETTING_DEFAULTS, expand_default
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class FinalCkptSettings:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def masked_store_url(self) -> str:
+        """The store URL with its password masked: safe for logs and messages."""
         return mask_url(self.store_url)
 
     def describe(self) -> str:
@@ -184,33 +188,44 @@ def parse_store_url(raw: Any) -> str:
     # Split by hand: URL.get_backend_name() would try to load an unknown dialect and fail.
     backend, _, driver = url.drivername.partition("+")
     if backend in ("postgresql", "postgres"):
-        if url.drivername not in ("postgresql", "postgres", "postgresql+psycopg"):
-            raise ValueError(
-                f"unsupported driver {url.drivername!r}; use postgresql+psycopg:// (psycopg 3)"
-            )
-        url = url.set(drivername="postgresql+psycopg")
-        if not url.database:
-            raise ValueError("PostgreSQL URL names no database")
+        url = _postgres_store_url(url)
     elif backend == "sqlite":
-        if driver not in ("", "pysqlite"):
-            raise ValueError(f"unsupported driver {url.drivername!r}; use sqlite:///")
-        database = url.database or ""
-        if database in ("", ":memory:") or database.startswith("file:"):
-            raise ValueError(
-                "an in-memory SQLite database cannot coordinate several processes; "
-                "use a file: sqlite:////absolute/path.db"
-            )
-        if not os.path.isabs(os.path.expanduser(database)):
-            raise ValueError(
-                f"SQLite path {database!r} is relative: every worker must open the same file, "
-                "use sqlite:////absolute/path.db"
-            )
-        url = url.set(database=os.path.expanduser(database))
+        url = _sqlite_store_url(url, driver)
     else:
         raise ValueError(
             f"unsupported database {url.drivername!r}; use postgresql+psycopg:// or sqlite:///"
         )
     return url.render_as_string(hide_password=False)
+
+
+def _postgres_store_url(url: URL) -> URL:
+    """A PostgreSQL store URL pinned to psycopg 3; it must name a database."""
+    if url.drivername not in ("postgresql", "postgres", "postgresql+psycopg"):
+        raise ValueError(
+            f"unsupported driver {url.drivername!r}; use postgresql+psycopg:// (psycopg 3)"
+        )
+    url = url.set(drivername="postgresql+psycopg")
+    if not url.database:
+        raise ValueError("PostgreSQL URL names no database")
+    return url
+
+
+def _sqlite_store_url(url: URL, driver: str) -> URL:
+    """A SQLite store URL: a file every process opens by the same absolute path."""
+    if driver not in ("", "pysqlite"):
+        raise ValueError(f"unsupported driver {url.drivername!r}; use sqlite:///")
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        raise ValueError(
+            "an in-memory SQLite database cannot coordinate several processes; "
+            "use a file: sqlite:////absolute/path.db"
+        )
+    if not os.path.isabs(os.path.expanduser(database)):
+        raise ValueError(
+            f"SQLite path {database!r} is relative: every worker must open the same file, "
+            "use sqlite:////absolute/path.db"
+        )
+    return url.set(database=os.path.expanduser(database))
 
 
 def parse_storage_uri(raw: Any) -> str:

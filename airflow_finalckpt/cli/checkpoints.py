@@ -76,6 +76,7 @@ def record_to_json(
 
 
 def info_to_json(info: CheckpointInfo) -> dict[str, Any]:
+    """One row of ``checkpoints list --json``: what the store knows of a checkpoint."""
     return {
         "checkpoint_id": info.checkpoint_id,
         "kind": info.kind.value,

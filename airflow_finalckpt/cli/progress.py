@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from fsspec.core import url_to_fs
@@ -47,6 +47,9 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import read_batch_throughput
+
+if TYPE_CHECKING:
+    from airflow_finalckpt.runtime.gc import GcReport
 
 EXIT_FAILURE = 1
 EXIT_ERROR = 2
@@ -443,28 +446,33 @@ def gc(
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        console = _console()
-        console.print(report.summary())
-        console.print(f"pipeline directory: {report.pipeline_dir}")
-        if report.deleted:
-            table = Table(title="would delete" if dry_run else "deleted")
-            for column in ("path", "files", "bytes"):
-                table.add_column(column)
-            for entry in report.deleted:
-                table.add_row(
-                    entry.path + ("/" if entry.is_dir else ""), str(entry.files), str(entry.bytes)
-                )
-            console.print(table)
-        if report.kept:
-            table = Table(title="kept")
-            for column in ("path", "because", "detail"):
-                table.add_column(column)
-            for kept in report.kept:
-                table.add_row(kept.path, kept.reason.value, kept.detail)
-            console.print(table)
-        for note in report.notes:
-            console.print(f"note: {note}")
-        for error in report.errors:
-            click.echo(f"error: {error}", err=True)
+        _print_gc_report(report, dry_run=dry_run)
     if report.errors:
         raise click.exceptions.Exit(EXIT_FAILURE)
+
+
+def _print_gc_report(report: GcReport, *, dry_run: bool) -> None:
+    """The gc report for a terminal: summary, deleted and kept tables, notes, errors."""
+    console = _console()
+    console.print(report.summary())
+    console.print(f"pipeline directory: {report.pipeline_dir}")
+    if report.deleted:
+        table = Table(title="would delete" if dry_run else "deleted")
+        for column in ("path", "files", "bytes"):
+            table.add_column(column)
+        for entry in report.deleted:
+            table.add_row(
+                entry.path + ("/" if entry.is_dir else ""), str(entry.files), str(entry.bytes)
+            )
+        console.print(table)
+    if report.kept:
+        table = Table(title="kept")
+        for column in ("path", "because", "detail"):
+            table.add_column(column)
+        for kept in report.kept:
+            table.add_row(kept.path, kept.reason.value, kept.detail)
+        console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    for error in report.errors:
+        click.echo(f"error: {error}", err=True)

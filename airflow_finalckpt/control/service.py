@@ -69,6 +69,8 @@ class _Model(BaseModel):
 
 
 class StopSummary(_Model):
+    """A stop request (drain or savepoint): who asked, when, and how far it got."""
+
     request_id: int
     mode: StopMode
     state: StopState
@@ -81,6 +83,8 @@ class StopSummary(_Model):
 
 
 class StageSummary(_Model):
+    """One stage of a pipeline run, as the UI and ``finalckpt status`` show it."""
+
     stage_id: str
     upstream: list[str]
     lifecycle: StageLifecycle
@@ -98,6 +102,8 @@ class StageSummary(_Model):
 
 
 class CheckpointSummary(_Model):
+    """One checkpoint or savepoint of the run's history, with every stage's status in it."""
+
     checkpoint_id: int
     kind: CheckpointKind
     reason: str
@@ -114,6 +120,8 @@ class CheckpointSummary(_Model):
 
 
 class PipelineRunSummary(_Model):
+    """A pipeline run at a glance: its DAG runs, state, split totals and stop request."""
+
     pipeline_key: str
     dag_runs: list[tuple[str, str]]
     state: PipelineRunState
@@ -128,6 +136,8 @@ class PipelineRunSummary(_Model):
 
 
 class PipelineDetail(_Model):
+    """A pipeline run with its stages and its latest checkpoints (the run page)."""
+
     summary: PipelineRunSummary
     stages: list[StageSummary]
     checkpoints: list[CheckpointSummary]
@@ -315,9 +325,11 @@ class PipelineControl:
         return key
 
     def coordinator(self, pipeline_key: str) -> Coordinator:
+        """The coordinator of one pipeline run, writing checkpoints to this storage."""
         return Coordinator(self.engine, pipeline_key, writer=self.storage, clock=self.clock)
 
     def dag_ids_of(self, pipeline_key: str) -> set[str]:
+        """The DAGs whose runs ran this pipeline (empty on a store that never saw it)."""
         return dag_ids_of(self.engine, pipeline_key)
 
     # ------------------------------------------------------------------ status
@@ -328,6 +340,7 @@ class PipelineControl:
         return [self.summary(key) for key in keys[:limit]]
 
     def summary(self, pipeline_key: str) -> PipelineRunSummary:
+        """The summary of one pipeline run."""
         return self._summarize(self.coordinator(pipeline_key))[0]
 
     def _summarize(self, coordinator: Coordinator) -> tuple[PipelineRunSummary, list[StageSummary]]:
@@ -354,9 +367,13 @@ class PipelineControl:
         return summary, stages
 
     def describe(self, dag_id: str, run_id: str, *, checkpoints: int = 50) -> PipelineDetail:
+        """The detail of a DAG run's pipeline run; UnknownRunError if none is known."""
         return self.describe_pipeline(self.resolve(dag_id, run_id), checkpoints=checkpoints)
 
     def describe_pipeline(self, pipeline_key: str, *, checkpoints: int = 50) -> PipelineDetail:
+        """Summary, stages (a running one with its latest batch) and the newest
+        ``checkpoints`` checkpoints of a pipeline run.
+        """
         coordinator = self.coordinator(pipeline_key)
         summary, stages = self._summarize(coordinator)
         stages = [self._with_batches(pipeline_key, stage) for stage in stages]

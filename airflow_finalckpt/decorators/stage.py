@@ -27,6 +27,8 @@ from airflow_finalckpt.spark.stage import Transform
 
 
 class StageDecorator:
+    """The decorated transform: calling it in a DAG makes a stage task running that transform."""
+
     def __init__(self, transform: Transform, operator_kwargs: dict[str, Any]) -> None:
         functools.update_wrapper(self, transform)
         self.transform = transform
@@ -39,6 +41,9 @@ class StageDecorator:
         return on_finish
 
     def __call__(self, **overrides: Any) -> FinalCheckpointStageOperator:
+        """A stage task (task id: the function's name) with the decorator's arguments, which
+        ``overrides`` replace.
+        """
         kwargs: dict[str, Any] = {
             "task_id": self.transform.__name__,
             "on_finish": self.on_finish,

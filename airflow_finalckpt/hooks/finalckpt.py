@@ -201,6 +201,7 @@ class FinalCkptHook(BaseHook):
         return Coordinator(self.get_engine(), pipeline_key, writer=self.get_storage())
 
     def get_storage(self) -> CheckpointStorage:
+        """The checkpoint storage of the resolved settings."""
         settings = self.get_settings()
         return CheckpointStorage(settings.storage_uri, settings.storage_options)
 

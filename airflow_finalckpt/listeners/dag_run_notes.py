@@ -64,6 +64,7 @@ def drop_note(conf: Any) -> str | None:
 
 @hookimpl
 def on_dag_run_success(dag_run: Any, msg: str) -> None:
+    """Write the note of a run that dropped stages on purpose or was drained (scheduler)."""
     try:
         drop = drop_note(getattr(dag_run, "conf", None))
         if drop and not dag_run.note:

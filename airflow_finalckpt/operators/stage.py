@@ -256,6 +256,7 @@ class FinalCheckpointStageOperator(BaseOperator):
 
     @fail_permanent_errors
     def execute(self, context: Context) -> Any:
+        """Run the stage's attempt (or park it, deferred, while it waits or is suspended)."""
         hook = self._hook()
         settings = hook.get_settings()
         storage = hook.get_storage()
@@ -378,7 +379,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         splits: Sequence[str],
         manifests: Mapping[str, list[str]],
     ) -> StageJob:
-        """This attempt as plain values: the operator's arguments over ``[finalckpt]``."""
+        """The attempt as plain values: the operator's arguments over ``[finalckpt]``."""
         interval = self.checkpoint_interval or settings.checkpoint_interval_s
         return StageJob(
             spec=StageSpec(

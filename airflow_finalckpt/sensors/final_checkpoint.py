@@ -83,6 +83,7 @@ class FinalCheckpointSensor(BaseSensorOperator):
             self.log.info("waiting for %s to close: %s", self._what(), state)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
+        """Done once the stage (or pipeline) closed; its XCom is the closing checkpoint id."""
         checkpoint_id = self._closed_checkpoint(self._hook())
         if checkpoint_id is None:
             return False
@@ -90,6 +91,7 @@ class FinalCheckpointSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=checkpoint_id)
 
     def execute(self, context: Context) -> Any:
+        """Poke, or defer to the trigger; a timeout names what it waited for and last saw."""
         if not self.deferrable:
             try:
                 return super().execute(context)

@@ -120,6 +120,7 @@ def create_app(get_control: Callable[[], PipelineControl] | None = None) -> Fast
 
 
 def jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """The validation errors as JSON: where, what and which check (no input values)."""
     from fastapi.encoders import jsonable_encoder
 
     return [

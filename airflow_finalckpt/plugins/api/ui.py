@@ -30,25 +30,44 @@ def base_of(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
+Authenticated = Annotated[Principal, Depends(authenticate)]
+ControlFactory = Callable[[], PipelineControl]
+
+
+def build_ui_router(get_control: ControlFactory) -> APIRouter:
     """The HTML routes; ``get_control`` supplies the control service (tests pass their own)."""
     router = APIRouter(tags=[TAG_UI])
-    Control = Annotated[PipelineControl, Depends(get_control)]
-    Authenticated = Annotated[Principal, Depends(authenticate)]
+    _add_runs_pages(router, get_control)
+    _add_pipeline_pages(router, get_control)
+    _add_static_files(router)
+    return router
 
-    def visible_runs(
-        principal: Principal, control: PipelineControl, dag_id: str | None
-    ) -> list[PipelineRunSummary]:
-        """The runs the page and its refreshes show: of ``dag_id`` if given, and readable."""
-        if dag_id is not None:
-            authorize_dag(principal, dag_id, "GET")
-        return readable_runs(principal, control.runs(dag_id))
+
+def visible_runs(
+    principal: Principal, control: PipelineControl, dag_id: str | None
+) -> list[PipelineRunSummary]:
+    """The runs the page and its refreshes show: of ``dag_id`` if given, and readable."""
+    if dag_id is not None:
+        authorize_dag(principal, dag_id, "GET")
+    return readable_runs(principal, control.runs(dag_id))
+
+
+def pipeline_detail(
+    principal: Principal, control: PipelineControl, dag_id: str, run_id: str
+) -> PipelineDetail:
+    """The run's detail, once the user may read the DAG's runs (403 otherwise)."""
+    authorize_dag(principal, dag_id, "GET")
+    return control.describe(dag_id, run_id)
+
+
+def _add_runs_pages(router: APIRouter, get_control: ControlFactory) -> None:
+    """The page listing all pipeline runs, and its live fragment."""
 
     @router.get("/ui/runs", response_class=HTMLResponse, summary="Page: all pipeline runs")
     def runs_page(
         request: Request,
         principal: Authenticated,
-        control: Control,
+        control: Annotated[PipelineControl, Depends(get_control)],
         dag_id: Annotated[str | None, Query()] = None,
     ) -> HTMLResponse:
         base = base_of(request)
@@ -60,18 +79,15 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     def runs_fragment(
         request: Request,
         principal: Authenticated,
-        control: Control,
+        control: Annotated[PipelineControl, Depends(get_control)],
         dag_id: Annotated[str | None, Query()] = None,
     ) -> HTMLResponse:
         runs = visible_runs(principal, control, dag_id)
         return HTMLResponse(render.runs_live(runs, base_of(request)), headers=NO_STORE)
 
-    def pipeline_detail(
-        principal: Principal, control: PipelineControl, dag_id: str, run_id: str
-    ) -> PipelineDetail:
-        """The run's detail, once the user may read the DAG's runs (403 otherwise)."""
-        authorize_dag(principal, dag_id, "GET")
-        return control.describe(dag_id, run_id)
+
+def _add_pipeline_pages(router: APIRouter, get_control: ControlFactory) -> None:
+    """The pipeline page of a DAG run, and its live fragment."""
 
     @router.get(
         "/ui/dags/{dag_id}/runs/{run_id}",
@@ -79,7 +95,11 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         summary="Page: the pipeline of a DAG run",
     )
     def pipeline_page(
-        request: Request, dag_id: str, run_id: str, principal: Authenticated, control: Control
+        request: Request,
+        dag_id: str,
+        run_id: str,
+        principal: Authenticated,
+        control: Annotated[PipelineControl, Depends(get_control)],
     ) -> HTMLResponse:
         base = base_of(request)
         try:
@@ -97,10 +117,17 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         summary="Fragment: the live part of the pipeline page",
     )
     def pipeline_fragment(
-        dag_id: str, run_id: str, principal: Authenticated, control: Control
+        dag_id: str,
+        run_id: str,
+        principal: Authenticated,
+        control: Annotated[PipelineControl, Depends(get_control)],
     ) -> HTMLResponse:
         detail = pipeline_detail(principal, control, dag_id, run_id)
         return HTMLResponse(render.pipeline_live(detail, dag_id, run_id), headers=NO_STORE)
+
+
+def _add_static_files(router: APIRouter) -> None:
+    """The page's script and style sheet (behind authentication like every route)."""
 
     @router.get("/static/{name}", summary="The page's script and style sheet")
     def static(name: str, _: Authenticated) -> Response:
@@ -109,5 +136,3 @@ def build_ui_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no static file {name!r}")
         data = resources.files("airflow_finalckpt.plugins.api").joinpath("static", name)
         return Response(data.read_bytes(), media_type=media, headers={"Cache-Control": "no-cache"})
-
-    return router
