@@ -601,12 +601,16 @@ class StoreReader:
         """
         s = t.stages.c
         final = s.final_snapshot
+        if self.conn.dialect.name == "postgresql":
+            count = func.json_array_length(final["finished_splits"])
+        else:
+            count = func.json_array_length(final, "$.finished_splits")
         rows = self.conn.execute(
-            select(s.stage_id, s.total_splits, final["end_of_data"], final["watermark"]).where(
-                s.pipeline_key == self.key, s.lifecycle.in_(FINISHED_STATES)
-            )
+            select(
+                s.stage_id, s.total_splits, count, final["end_of_data"], final["watermark"]
+            ).where(s.pipeline_key == self.key, s.lifecycle.in_(FINISHED_STATES))
         ).all()
-        return {str(sid): finished_end(total, eod, wm) for sid, total, eod, wm in rows}
+        return {str(sid): finished_end(total, done, eod, wm) for sid, total, done, eod, wm in rows}
 
     def unfinished_progress(self) -> dict[str, StageSnapshot]:
         """The durable progress of every stage that has not finished, by stage id."""
@@ -642,9 +646,14 @@ class StoreReader:
 FINISHED_STATES = (StageLifecycle.FINISHED.value, StageLifecycle.CLOSED.value)
 
 
-def finished_end(total_splits: int | None, eod: Any, watermark: Any) -> FinishedStageEnd:
-    """A finished stage's end as the JSON paths of its final snapshot read it."""
+def finished_end(
+    total_splits: int | None, finished: int | None, eod: Any, watermark: Any
+) -> FinishedStageEnd:
+    """A finished stage's end as the JSON paths of its final snapshot read it; its finished
+    split count is the length of the final snapshot's split list, counted by the database
+    (else: the declared splits minus those a drain left unread).
+    """
     end = None if eod is None else EndOfData.model_validate(eod)
-    unread = end.unread_splits if end is not None else 0
-    count = None if total_splits is None else max(0, total_splits - unread)
-    return FinishedStageEnd(end_of_data=end, watermark=watermark, finished_count=count)
+    if finished is None and total_splits is not None:
+        finished = max(0, total_splits - (end.unread_splits if end is not None else 0))
+    return FinishedStageEnd(end_of_data=end, watermark=watermark, finished_count=finished)
