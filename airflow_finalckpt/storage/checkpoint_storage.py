@@ -28,7 +28,7 @@ from airflow_finalckpt.core.errors import (
     StorageError,
     UnsafePathError,
 )
-from airflow_finalckpt.core.metadata import dump_metadata, load_metadata, metadata_version
+from airflow_finalckpt.core.metadata import dump_metadata, load_metadata_versioned
 from airflow_finalckpt.core.model import CheckpointRecord, StateHandle
 from airflow_finalckpt.storage import savepoint_files
 from airflow_finalckpt.storage.atomic import atomic_write, protocols_of
@@ -221,7 +221,8 @@ class CheckpointStorage:
 
     def read_checkpoint(self, path: str) -> CheckpointRecord:
         """Load a checkpoint given its directory, its ``_metadata`` path or a full URI."""
-        return self.read_checkpoint_versioned(path)[0]
+        record, _version = self.read_checkpoint_versioned(path)
+        return record
 
     def read_checkpoint_versioned(self, path: str) -> tuple[CheckpointRecord, int]:
         """As :meth:`read_checkpoint`, with the metadata format version the file was written in
@@ -235,8 +236,7 @@ class CheckpointStorage:
                 f"no checkpoint metadata at {location.metadata_path}: the checkpoint does not "
                 "exist or never completed"
             )
-        source = location.metadata_path
-        return load_metadata(data, source=source), metadata_version(data, source=source)
+        return load_metadata_versioned(data, source=location.metadata_path)
 
     def materialize(self, record: CheckpointRecord, source: str) -> int:
         """Restoring from the savepoint at ``source``: copy the files it holds (see

@@ -42,6 +42,7 @@ __all__ = [
     "describe_validation_error",
     "dump_metadata",
     "load_metadata",
+    "load_metadata_versioned",
     "metadata_version",
 ]
 
@@ -68,6 +69,13 @@ def dump_metadata(record: CheckpointRecord) -> bytes:
 def metadata_version(data: bytes, *, source: str = "<bytes>") -> int:
     """The format version a ``_metadata`` file was written in (after checking it whole)."""
     return DEFAULT_FORMAT.read_body(data, source=source)[1]
+
+
+def load_metadata_versioned(
+    data: bytes, *, source: str = "<bytes>"
+) -> tuple[CheckpointRecord, int]:
+    """As :func:`load_metadata`, with the version the file was written in."""
+    return DEFAULT_FORMAT.load_versioned(data, source=source)
 
 
 def load_metadata(data: bytes, *, source: str = "<bytes>") -> CheckpointRecord:

@@ -149,9 +149,15 @@ class MetadataFormat:
 
     def load(self, data: bytes, *, source: str = "<bytes>") -> CheckpointRecord:
         """Read metadata of any supported version; every bad input raises MetadataError."""
+        return self.load_versioned(data, source=source)[0]
+
+    def load_versioned(
+        self, data: bytes, *, source: str = "<bytes>"
+    ) -> tuple[CheckpointRecord, int]:
+        """As :meth:`load`, with the version the file was written in (one parse)."""
         body, version = self.read_body(data, source=source)
         try:
-            return self.decode(body)
+            return self.decode(body), version
         except MetadataError as exc:
             raise MetadataError(
                 f"checkpoint metadata {source} (version {version}): {exc}"
