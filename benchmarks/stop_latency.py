@@ -215,6 +215,53 @@ def drain_sample(
         remove(root)
 
 
+def _judge_case(result: Result, mode: str, where: str, med: dict[str, float]) -> None:
+    """The ratios and targets of one (mode, press point) case, from its medians."""
+    batch_s = med["batch_s"]
+    allowed = batch_s + TARGET_SLACK_S
+    checks: tuple[tuple[str, str], ...]
+    if mode == "savepoint":
+        result.ratios[f"savepoint_over_batch/{where}"] = ratio(med["savepoint_s"], batch_s)
+        result.ratios[f"suspended_over_batch/{where}"] = ratio(med["suspended_s"], batch_s)
+        checks = (
+            ("request -> savepoint complete", "savepoint_s"),
+            ("request -> stage suspended (Spark work over)", "suspended_s"),
+        )
+    else:
+        result.ratios[f"source_finished_over_batch/{where}"] = ratio(
+            med["source_finished_s"], batch_s
+        )
+        result.ratios[f"drained_savepoint_over_batch/{where}"] = ratio(
+            med["drained_savepoint_s"], batch_s
+        )
+        checks = (("request -> source stage finished (drained)", "source_finished_s"),)
+    for label, metric in checks:
+        result.targets.append(
+            Target(
+                name=f"stop with {mode}, press at batch {where}: {label}",
+                target=f"<= 1 split batch + {TARGET_SLACK_S:g} s",
+                measured=med[metric],
+                unit="s",
+                passed=bool(med[metric] <= allowed),
+                note=f"split batch {batch_s:.2f} s (allowed {allowed:.2f} s); "
+                f"{med[metric] / batch_s:.2f} batches",
+            )
+        )
+    if mode == "drain":
+        result.targets.append(
+            Target(
+                name=f"stop with drain, press at batch {where}: request -> drained "
+                "savepoint complete",
+                target="(not judged: every downstream stage processes what was read first)",
+                measured=med["drained_savepoint_s"],
+                unit="s",
+                passed=None,
+                note=f"{med['drained_savepoint_batches']:.1f} source batches; "
+                f"{med['read_splits']:.0f} splits read, {med['unread_splits']:.0f} unread",
+            )
+        )
+
+
 def run(quick: bool = False) -> Result:
     cfg = plan(quick)
     reps = int(cfg["repetitions"])
@@ -263,49 +310,7 @@ def run(quick: bool = False) -> Result:
     for case in result.cases:
         case.finalize()
     for (mode, where), case in cases.items():
-        med = case.medians
-        batch_s = med["batch_s"]
-        allowed = batch_s + TARGET_SLACK_S
-        if mode == "savepoint":
-            result.ratios[f"savepoint_over_batch/{where}"] = ratio(med["savepoint_s"], batch_s)
-            result.ratios[f"suspended_over_batch/{where}"] = ratio(med["suspended_s"], batch_s)
-            checks = (
-                ("request -> savepoint complete", "savepoint_s"),
-                ("request -> stage suspended (Spark work over)", "suspended_s"),
-            )
-        else:
-            result.ratios[f"source_finished_over_batch/{where}"] = ratio(
-                med["source_finished_s"], batch_s
-            )
-            result.ratios[f"drained_savepoint_over_batch/{where}"] = ratio(
-                med["drained_savepoint_s"], batch_s
-            )
-            checks = (("request -> source stage finished (drained)", "source_finished_s"),)
-        for label, metric in checks:
-            result.targets.append(
-                Target(
-                    name=f"stop with {mode}, press at batch {where}: {label}",
-                    target=f"<= 1 split batch + {TARGET_SLACK_S:g} s",
-                    measured=med[metric],
-                    unit="s",
-                    passed=bool(med[metric] <= allowed),
-                    note=f"split batch {batch_s:.2f} s (allowed {allowed:.2f} s); "
-                    f"{med[metric] / batch_s:.2f} batches",
-                )
-            )
-        if mode == "drain":
-            result.targets.append(
-                Target(
-                    name=f"stop with drain, press at batch {where}: request -> drained "
-                    "savepoint complete",
-                    target="(not judged: every downstream stage processes what was read first)",
-                    measured=med["drained_savepoint_s"],
-                    unit="s",
-                    passed=None,
-                    note=f"{med['drained_savepoint_batches']:.1f} source batches; "
-                    f"{med['read_splits']:.0f} splits read, {med['unread_splits']:.0f} unread",
-                )
-            )
+        _judge_case(result, mode, where, case.medians)
     result.medians = {
         f"{mode}/{where}/{metric}": case.medians[metric]
         for (mode, where), case in cases.items()
