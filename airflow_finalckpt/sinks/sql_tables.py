@@ -9,6 +9,7 @@ the checks that keep every name safe to use unquoted, and the one dialect-specif
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -92,7 +93,7 @@ def bookkeeping_metadata() -> MetaData:
     return metadata
 
 
-def _arrow_type_rules() -> list[tuple[tuple[str, ...], Any]]:
+def _arrow_type_rules() -> list[tuple[tuple[str, ...], Callable[[Any], TypeEngine[Any]]]]:
     """(pyarrow.types predicates, SQL type or a function of the Arrow type), first match wins."""
     return [
         (("is_boolean",), lambda _: Boolean()),
@@ -114,7 +115,7 @@ def sql_type_for_arrow(arrow_type: pyarrow.DataType) -> TypeEngine[Any]:
 
     for predicates, make in _arrow_type_rules():
         if any(getattr(pat, predicate)(arrow_type) for predicate in predicates):
-            return make(arrow_type)  # type: ignore[no-any-return]
+            return make(arrow_type)
     raise SinkError(
         f"no SQL column type for Arrow type {arrow_type}; pass columns= explicitly to SqlTableSink"
     )
