@@ -18,7 +18,13 @@ from airflow_finalckpt.core import transitions_stop as stop_rules
 from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.metadata.writer import CheckpointWriter
-from airflow_finalckpt.core.model import CheckpointKind, StageLifecycle, StopState, TriggerReason
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    StageLifecycle,
+    StageSnapshot,
+    StopState,
+    TriggerReason,
+)
 from airflow_finalckpt.core.plan import calculate_plan
 from airflow_finalckpt.core.transitions_eager import FinishJoin
 from airflow_finalckpt.core.views import AckOutcome, draining, timed_out
@@ -142,10 +148,12 @@ class Checkpointing:
         *,
         by_finish: bool,
         joins: bool = False,
+        progress: StageSnapshot | None = None,
     ) -> AckOutcome:
         """Record the stage's acknowledgement; the last one completes the checkpoint. ``joins``:
         a finish joins a checkpoint that did not wait for the stage (``transitions_eager``): its
-        final snapshot is recorded, the count of pending acknowledgements stays.
+        final snapshot is recorded, the count of pending acknowledgements stays. ``progress``:
+        the stage's durable progress if the caller just wrote it (else it is read).
         """
         target = tx.rows.ack_target(checkpoint_id, stage_id)
         gate = rules.ack_gate(checkpoint_id, stage_id, target, joins=joins)
@@ -153,7 +161,8 @@ class Checkpointing:
             return gate
         if rules.stamps_on_ack(checkpoint_id, tx.rows.newest_ack(stage_id)):
             tx.rows.stamp_transactions(stage_id, checkpoint_id)
-        progress = tx.rows.stage_row(stage_id).progress
+        if progress is None:
+            progress = tx.rows.stage_row(stage_id).progress
         snapshot = rules.ack_snapshot(progress, tx.rows.uncommitted(stage_id))
         acked_at = self.clock()
         tx.rows.insert_ack(checkpoint_id, stage_id, epoch, by_finish, snapshot, acked_at)

@@ -267,7 +267,9 @@ class Coordinator(CoordinatorReads):
             acked: list[int] = []
             completed: list[int] = []
             for cid in tx.rows.awaiting(stage_id):
-                outcome = self._ops.ack(tx, cid, stage_id, epoch, by_finish=False)
+                outcome = self._ops.ack(
+                    tx, cid, stage_id, epoch, by_finish=False, progress=change.progress
+                )
                 if outcome in (AckOutcome.ACCEPTED, AckOutcome.COMPLETED):
                     acked.append(cid)
                 if outcome is AckOutcome.COMPLETED:

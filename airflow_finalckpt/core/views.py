@@ -40,6 +40,8 @@ class AckOutcome(StrEnum):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
+    """A checkpoint as stored: kind, state, plan, counters, where its metadata is."""
+
     checkpoint_id: int
     kind: CheckpointKind
     reason: TriggerReason
@@ -62,6 +64,8 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class StageView:
+    """A stage as the runtime, the triggers, the CLI and the UI see it."""
+
     stage_id: str
     lifecycle: StageLifecycle
     epoch: int
@@ -74,6 +78,8 @@ class StageView:
 
 @dataclass(frozen=True)
 class StopRequest:
+    """A stop with drain or with savepoint, and how far it got."""
+
     request_id: int
     mode: StopMode
     state: StopState
@@ -106,6 +112,8 @@ class FinishOutcome:
 
 @dataclass(frozen=True)
 class CoordinatorOptions:
+    """Per-pipeline settings stored with its graph."""
+
     retain_checkpoints: int = 3
     checkpoint_timeout_s: float = 600.0
 

@@ -1,0 +1,1 @@
+"""The coordination store: schema, migrations, engines, and every SQL statement."""

@@ -81,6 +81,7 @@ def quiet_alembic() -> Iterator[None]:
 
 
 def package_version() -> str:
+    """The installed distribution's version, for error messages."""
     try:
         return importlib_metadata.version(DISTRIBUTION)
     except importlib_metadata.PackageNotFoundError:
@@ -119,6 +120,7 @@ def head_revision() -> str:
 
 
 def known_revisions() -> frozenset[str]:
+    """Every revision this package ships."""
     return frozenset(script.revision for script in _script_directory().walk_revisions())
 
 

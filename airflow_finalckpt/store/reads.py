@@ -192,29 +192,39 @@ class StoreReader:
         return r.checkpoint_info(self._checkpoint(checkpoint_id))
 
     def ack_target(self, checkpoint_id: int, stage_id: str) -> AckTarget:
-        """What an acknowledgement of ``checkpoint_id`` by ``stage_id`` decides on: O(1) rows
-        (the checkpoint's counters and the stage's row in ``finalckpt_acks_due``), never the
-        plan's JSON.
+        """What an acknowledgement of ``checkpoint_id`` by ``stage_id`` decides on, in one
+        statement over O(1) rows (the checkpoint's counters, the stage's rows in
+        ``finalckpt_acks_due`` and ``finalckpt_acks``), never the plan's JSON.
         """
-        c = t.checkpoints.c
-        row = self._checkpoint(checkpoint_id, c.state, c.acks_pending, c.triggered_at)
+        c, due, acks = t.checkpoints.c, t.acks_due.c, t.acks.c
+
+        def exists(table: Any, cols: Any) -> Any:
+            return (
+                select(cols.stage_id)
+                .where(
+                    cols.pipeline_key == c.pipeline_key,
+                    cols.checkpoint_id == c.checkpoint_id,
+                    cols.stage_id == stage_id,
+                )
+                .correlate(t.checkpoints)
+                .exists()
+            )
+
+        row = self._checkpoint(
+            checkpoint_id,
+            c.state,
+            c.acks_pending,
+            c.triggered_at,
+            exists(t.acks_due, due).label("due"),
+            exists(t.acks, acks).label("acked"),
+        )
         return AckTarget(
             state=CheckpointState(row["state"]),
             acks_pending=int(row["acks_pending"]),
             triggered_at=float(row["triggered_at"]),
-            due=self._due(checkpoint_id, stage_id),
-            acked=self.acked(checkpoint_id, stage_id),
+            due=bool(row["due"]),
+            acked=bool(row["acked"]),
         )
-
-    def _due(self, checkpoint_id: int, stage_id: str) -> bool:
-        found = self.conn.execute(
-            select(t.acks_due.c.stage_id).where(
-                t.acks_due.c.pipeline_key == self.key,
-                t.acks_due.c.checkpoint_id == checkpoint_id,
-                t.acks_due.c.stage_id == stage_id,
-            )
-        ).first()
-        return found is not None
 
     def checkpoint_state(self, checkpoint_id: int) -> CheckpointState | None:
         """The checkpoint's state, None if it does not exist."""

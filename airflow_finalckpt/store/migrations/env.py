@@ -15,6 +15,9 @@ from airflow_finalckpt.store.schema import metadata
 
 
 def run_migrations() -> None:
+    """Run the migrations on the connection ``store.migrate`` opened (never online/offline
+    by the alembic command line).
+    """
     connection = context.config.attributes.get("connection")
     if connection is None or context.is_offline_mode():
         raise RuntimeError(

@@ -20,6 +20,7 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    """Create every table of the first schema."""
     op.create_table(
         "finalckpt_pipelines",
         sa.Column("pipeline_key", sa.String(length=250), nullable=False),
@@ -148,6 +149,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Undo ``upgrade``."""
     op.drop_table("finalckpt_acks")
     op.drop_table("finalckpt_transactions")
     op.drop_index(

@@ -17,6 +17,7 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    """Create finalckpt_dag_runs."""
     op.create_table(
         "finalckpt_dag_runs",
         sa.Column("dag_id", sa.String(length=250), nullable=False),
@@ -40,5 +41,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Undo ``upgrade``."""
     op.drop_index(op.f("ix_finalckpt_dag_runs_pipeline_key"), table_name="finalckpt_dag_runs")
     op.drop_table("finalckpt_dag_runs")

@@ -26,6 +26,7 @@ _BACKFILL = (
 
 
 def upgrade() -> None:
+    """Add failure_kind and backfill it from the detail texts."""
     op.add_column("finalckpt_checkpoints", sa.Column("failure_kind", sa.String(length=20)))
     checkpoints = sa.table(
         "finalckpt_checkpoints",
@@ -45,5 +46,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Undo ``upgrade``."""
     # SQLite >= 3.35 drops a column in place (a batch copy would cascade-delete the acks).
     op.drop_column("finalckpt_checkpoints", "failure_kind")
