@@ -199,7 +199,28 @@ def seed_state(engine: Engine, pipeline_key: str, size: Size) -> list[str]:
             )
         if txns:
             conn.execute(t.transactions.insert(), txns)
+    settle(engine)
     return running
+
+
+def settle(engine: Engine) -> None:
+    """After the bulk seed, what a running store has done long before: SQLite checkpoints its
+    WAL (else the first measured commit copies the whole seed, tens of MB, into the database
+    and every read searches a huge WAL), PostgreSQL has table statistics (autovacuum's ANALYZE).
+    """
+    raw = engine.raw_connection()  # outside a transaction: neither may run inside one
+    try:
+        cursor = raw.cursor()
+        if engine.dialect.name == "sqlite":
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        else:
+            raw.commit()
+            raw.driver_connection.autocommit = True  # type: ignore[union-attr]
+            cursor.execute("ANALYZE")
+            raw.driver_connection.autocommit = False  # type: ignore[union-attr]
+        cursor.close()
+    finally:
+        raw.close()
 
 
 @dataclass
@@ -380,6 +401,8 @@ CHECKPOINT_LIMITS_S = {(10_000, 100): 2.0, (1000, 1000): 1.5}
 ACK_FLATNESS_LIMIT = 1.5
 #: At most this many checkpoints pending at once while F stages finish beside a running one.
 FAN_IN_MAX_PENDING = 2
+#: The growth of the finish cost is judged only with this many finishes or more.
+FAN_IN_JUDGED_FROM = 30
 
 
 def fan_sizes(quick: bool) -> tuple[int, ...]:
@@ -554,7 +577,8 @@ def _fan_in_series(
             name=f"fan-in, {backend}: total finish cost over F",
             target=f"at most linear (log-log slope <= {LINEAR_LIMIT})",
             measured=slope,
-            passed=bool(slope <= LINEAR_LIMIT),
+            # A few finishes are fixed costs and noise (quick mode): not judged.
+            passed=bool(slope <= LINEAR_LIMIT) if max(sizes) >= FAN_IN_JUDGED_FROM else None,
             note=", ".join(f"F={int(x)}: {y:.3f} s" for x, y in zip(xs, ys, strict=True)),
         )
     )
