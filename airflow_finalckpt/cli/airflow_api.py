@@ -131,7 +131,8 @@ class AirflowApi:
                 f"Airflow refused the login of user {username!r} (HTTP {response.status_code}: "
                 f"{_detail(response)}); check [{SECTION}] api_username and api_password"
             )
-        token = response.json().get("access_token") if response.is_success else None
+        doc = self._json(response, "/auth/token") if response.is_success else None
+        token = doc.get("access_token") if isinstance(doc, dict) else None
         if not isinstance(token, str) or not token:
             raise AirflowApiError(
                 f"POST /auth/token answered HTTP {response.status_code} without a token: "
@@ -139,11 +140,25 @@ class AirflowApi:
             )
         return token
 
+    def _json(self, response: httpx.Response, path: str) -> Any:
+        """The JSON body of a success; anything else (Airflow's web UI answers its HTML page
+        for paths no app serves) means the URL is not an api-server with the plugin.
+        """
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise AirflowApiError(
+                f"{self.settings.url}{path} answered {kind}, not JSON: is {self.settings.url} "
+                f"(from {self.settings.url_source}) Airflow's api-server, with airflow-finalckpt "
+                "installed there (its plugin serves /finalckpt)?"
+            ) from None
+
     def _request(self, method: str, dag_id: str, path: str, what: str, **kwargs: Any) -> Any:
         """The JSON answer of a request about ``dag_id``, or the error a user can act on."""
         response = self._send(method, path, headers=self._headers(), **kwargs)
         if response.is_success:
-            return response.json()
+            return self._json(response, path)
         detail = _detail(response)
         if response.status_code == 401:
             raise AirflowApiError(
@@ -193,4 +208,7 @@ class AirflowApi:
             f"create a DAG run of {dag_id!r}",
             json=body,
         )
-        return str(doc["dag_run_id"])
+        new_run_id = doc.get("dag_run_id") if isinstance(doc, dict) else None
+        if not new_run_id:
+            raise AirflowApiError(f"Airflow created a run of {dag_id!r} but named none: {doc!r}")
+        return str(new_run_id)

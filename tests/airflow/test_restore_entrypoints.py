@@ -315,6 +315,8 @@ def test_cli_restore_creates_the_run_through_the_rest_api(env: Env, api_server: 
         ("no role", "error: Airflow refused to read the stages of DAG"),
         ("unknown DAG", "error: DAG 'no_such_dag' is not known to Airflow at http://127.0.0.1:"),
         ("unreachable", "error: cannot reach the Airflow API server at http://127.0.0.1:"),
+        # Airflow's web UI answers its HTML page for a path no app serves (no plugin there)
+        ("not the plugin", "error: http://127.0.0.1:"),
     ],
 )
 def test_cli_restore_refusals_are_one_line_and_change_nothing(
@@ -330,6 +332,10 @@ def test_cli_restore_refusals_are_one_line_and_change_nothing(
         "no role": {"api_token": api_server.token("nobody", None)},
         "unknown DAG": {"api_token": api_server.token("ann", "ADMIN")},
         "unreachable": {"api_url": "http://127.0.0.1:1"},
+        "not the plugin": {
+            "api_url": f"{api_server.url}/elsewhere",
+            "api_token": api_server.token("ann", "ADMIN"),
+        },
     }[case]
     dag_id = "no_such_dag" if case == "unknown DAG" else dag.dag_id
     before = env.snapshot()
@@ -344,6 +350,9 @@ def test_cli_restore_refusals_are_one_line_and_change_nothing(
         assert "set [finalckpt] api_token" in result.stderr
     if case == "unreachable":
         assert "--no-graph-check" in result.stderr
+    if case == "not the plugin":
+        assert "answered text/html" in result.stderr and "not JSON" in result.stderr
+        assert "with airflow-finalckpt installed there" in result.stderr
     assert _runs(dag_id) == []
     assert env.snapshot() == before
 
