@@ -515,3 +515,54 @@ def test_importing_the_package_modules_does_not_import_airflow() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_cli_finds_the_api_server_and_its_login_through_airflow_config(
+    tmp_path: Path,
+) -> None:
+    """``finalckpt restore``'s API client settings (cli/airflow_api.py), with real Airflow in a
+    subprocess: [finalckpt] api_url, else [api] base_url, else the default; the password from a
+    sensitive option's _CMD variant."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "airflow.cfg").write_text(
+        "[api]\nbase_url = http://cfg.example:8081/\n[finalckpt]\napi_username = cfg-user\n"
+    )
+    script = textwrap.dedent(
+        """
+        import dataclasses, json, os
+        from airflow_finalckpt.cli.airflow_api import api_settings
+        out = [dataclasses.asdict(api_settings())]
+        os.environ["AIRFLOW__FINALCKPT__API_URL"] = "https://env.example/airflow/"
+        out.append(dataclasses.asdict(api_settings()))
+        del os.environ["AIRFLOW__FINALCKPT__API_URL"]
+        os.environ["AIRFLOW__API__BASE_URL"] = " "
+        out.append(dataclasses.asdict(api_settings()))
+        print(json.dumps(out))
+        """
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__FINALCKPT__API_PASSWORD_CMD": "echo from-cmd",
+    }
+
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+
+    assert proc.returncode == 0, proc.stderr
+    cfg, from_env, default = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cfg == {
+        "url": "http://cfg.example:8081",
+        "url_source": "Airflow's config [api] base_url",
+        "token": None,
+        "username": "cfg-user",
+        "password": "from-cmd",
+    }
+    assert (from_env["url"], from_env["url_source"]) == (
+        "https://env.example/airflow",
+        "env AIRFLOW__FINALCKPT__API_URL",
+    )
+    assert (default["url"], default["url_source"]) == ("http://localhost:8080", "default")
