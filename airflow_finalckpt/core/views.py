@@ -360,6 +360,8 @@ class AckTarget:
     triggered_at: float
     due: bool
     acked: bool
+    #: The newest checkpoint the stage acknowledged (any state), None if none.
+    newest_acked: int | None = None
 
 
 @dataclass(frozen=True)

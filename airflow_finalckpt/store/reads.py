@@ -194,7 +194,8 @@ class StoreReader:
     def ack_target(self, checkpoint_id: int, stage_id: str) -> AckTarget:
         """What an acknowledgement of ``checkpoint_id`` by ``stage_id`` decides on, in one
         statement over O(1) rows (the checkpoint's counters, the stage's rows in
-        ``finalckpt_acks_due`` and ``finalckpt_acks``), never the plan's JSON.
+        ``finalckpt_acks_due`` and, by the stage index, ``finalckpt_acks``), never the plan's
+        JSON.
         """
         c, due, acks = t.checkpoints.c, t.acks_due.c, t.acks.c
 
@@ -210,6 +211,12 @@ class StoreReader:
                 .exists()
             )
 
+        newest = (
+            select(func.max(acks.checkpoint_id))
+            .where(acks.pipeline_key == c.pipeline_key, acks.stage_id == stage_id)
+            .correlate(t.checkpoints)
+            .scalar_subquery()
+        )
         row = self._checkpoint(
             checkpoint_id,
             c.state,
@@ -217,13 +224,16 @@ class StoreReader:
             c.triggered_at,
             exists(t.acks_due, due).label("due"),
             exists(t.acks, acks).label("acked"),
+            newest.label("newest_acked"),
         )
+        newest_acked = row["newest_acked"]
         return AckTarget(
             state=CheckpointState(row["state"]),
             acks_pending=int(row["acks_pending"]),
             triggered_at=float(row["triggered_at"]),
             due=bool(row["due"]),
             acked=bool(row["acked"]),
+            newest_acked=None if newest_acked is None else int(newest_acked),
         )
 
     def checkpoint_state(self, checkpoint_id: int) -> CheckpointState | None:
@@ -622,14 +632,13 @@ class StoreReader:
         ).all()
         return {str(sid): finished_end(total, done, eod, wm) for sid, total, done, eod, wm in rows}
 
-    def unstarted_progress(self) -> dict[str, StageSnapshot]:
-        """The progress of every stage that has not started work: NOT_STARTED (possibly with
-        restored progress) or SUSPENDED at its start; by stage id.
-        """
+    def unfinished_progress(self) -> dict[str, StageSnapshot]:
+        """The durable progress of every stage that has not finished, by stage id."""
         s = t.stages.c
-        idle = (StageLifecycle.NOT_STARTED.value, StageLifecycle.SUSPENDED.value)
         rows = self.conn.execute(
-            select(s.stage_id, s.progress).where(s.pipeline_key == self.key, s.lifecycle.in_(idle))
+            select(s.stage_id, s.progress).where(
+                s.pipeline_key == self.key, s.lifecycle.not_in(FINISHED_STATES)
+            )
         ).all()
         return {str(sid): parse_snapshot(data) for sid, data in rows}
 
