@@ -205,20 +205,18 @@ def restore(
         check = control.plan_restore(
             dag_id, savepoint_path, load_graph, allow_drop_stages=allow_drop_stages
         )
-        if as_json:
-            _echo_json(check.model_dump(mode="json"))
-        else:
+        if not as_json:  # the plan first: shown even if Airflow then refuses the run
             for line in check.lines():
                 click.echo(line)
             click.echo(f"can be restored into {dag_id}")
-        if dry_run:
-            return
         conf: dict[str, object] = {"restore_from": savepoint_path}
         if allow_drop_stages:
             conf[ALLOW_DROP_STAGES_KEY] = list(allow_drop_stages)
         note = f"airflow-finalckpt: restore from {savepoint_path} (by {_user()})"
-        new_run_id = api.trigger_run(dag_id, conf, run_id=run_id, note=note)
-    if not as_json:
+        new_run_id = None if dry_run else api.trigger_run(dag_id, conf, run_id=run_id, note=note)
+    if as_json:  # one document: the check and the new run (null for a dry run), as over REST
+        _echo_json({**check.model_dump(mode="json"), "run_id": new_run_id})
+    elif new_run_id is not None:
         click.echo(f"created DAG run {new_run_id} of {dag_id} with conf {json.dumps(conf)}")
 
 

@@ -12,6 +12,9 @@ splits finished; the changed DAG renames ``b``'s stage id to ``b_v2`` (same task
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -253,6 +256,7 @@ def test_cli_dry_run_refuses_then_prints_the_plan(env: Env, api_server: ApiServe
     assert planned.exit_code == 0, planned.stderr
     doc = json.loads(planned.stdout)
     assert doc["graph_checked"] is True and doc["allow_drop_stages"] == ["b"]
+    assert doc["run_id"] is None  # a dry run creates nothing
     assert doc["plan"]["skipped"] == ["a"] and doc["plan"]["fresh"] == ["b_v2"]
     assert doc["plan"]["dropped_stages"] == ["b"]
 
@@ -296,13 +300,34 @@ def test_cli_restore_creates_the_run_through_the_rest_api(env: Env, api_server: 
     made = admin.invoke(main, [*args, "--run-id", "restored-1", *store])
     assert made.exit_code == 0, made.stderr
     assert f"created DAG run restored-1 of {dag.dag_id}" in made.stdout
-    [(run_id, user, conf, note)] = _runs(dag.dag_id)
+    # the installed console script in its own process (this process's stdout also carries the
+    # in-process api-server's log lines): stdout is exactly one document, the check and the run
+    script = Path(sys.executable).with_name("finalckpt")
+    env_vars = {
+        **os.environ,
+        **admin.env,
+        "AIRFLOW__FINALCKPT__API_USERNAME": "ann",
+        "AIRFLOW__FINALCKPT__API_PASSWORD": "ann-secret",
+    }
+    proc = subprocess.run(
+        [str(script), *args, "--run-id", "restored-2", "--json", *store],
+        env={k: v for k, v in env_vars.items() if v is not None},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["run_id"] == "restored-2" and doc["plan"]["dropped_stages"] == ["b"]
+    runs = {run[0]: run for run in _runs(dag.dag_id)}
+    assert sorted(runs) == ["restored-1", "restored-2"]
+    (run_id, user, conf, note) = runs["restored-1"]
     assert (run_id, user) == ("restored-1", "ann")
     assert conf == {"restore_from": env.savepoint, "allow_drop_stages": ["b"]}
     assert note.startswith(f"airflow-finalckpt: restore from {env.savepoint} (by cli")
     again = admin.invoke(main, [*args, "--run-id", "restored-1", *store])
     assert again.exit_code == 2 and "could not create a DAG run" in again.stderr
-    assert "HTTP 409" in again.stderr and len(_runs(dag.dag_id)) == 1
+    assert "HTTP 409" in again.stderr and len(_runs(dag.dag_id)) == 2
     assert env.snapshot() == before  # the stage tasks do the restore, not the CLI
 
 
