@@ -46,8 +46,6 @@ import posixpath
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -72,119 +70,48 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.views import CheckpointInfo, StageView
+from airflow_finalckpt.runtime.gc_files import (
+    DATA_DIR,
+    PARTS_DIR,
+    STATE_DIR,
+    RefIndex,
+    Stats,
+    StorageFiles,
+    Unit,
+    collect_temporaries,
+    stage_of,
+)
+from airflow_finalckpt.runtime.gc_report import (
+    GcBlockedError,
+    GcEntry,
+    GcReport,
+    KeepReason,
+    KeptEntry,
+)
 from airflow_finalckpt.storage import CheckpointStorage
-from airflow_finalckpt.storage.atomic import TEMP_MARKER
-from airflow_finalckpt.storage.paths import normalize_state_path, parse_checkpoint_dir_name
+from airflow_finalckpt.storage.paths import normalize_state_path
+
+__all__ = [
+    "DATA_DIR",
+    "DEFAULT_GRACE_S",
+    "PARTS_DIR",
+    "STATE_DIR",
+    "GcBlockedError",
+    "GcEntry",
+    "GcReport",
+    "KeepReason",
+    "KeptEntry",
+    "collect_after_close",
+    "collect_garbage",
+]
 
 log = logging.getLogger(__name__)
 
+#: The fault harness (faults/proxies.py) patches ``_Files.remove`` to count deleted units.
+_Files = StorageFiles
+
 #: Files younger than this are never collected (a batch in flight elsewhere has not recorded them).
 DEFAULT_GRACE_S = 600.0
-DATA_DIR = "data"
-STATE_DIR = "state"
-PARTS_DIR = "_parts"
-_ROOTS = (DATA_DIR, STATE_DIR)
-
-
-class GcBlockedError(FinalCheckpointError):
-    """Garbage collection cannot tell what is referenced, so it deletes nothing."""
-
-
-class KeepReason(StrEnum):
-    """Why a unit was kept: something references it, it is too young, or a batch may be
-    writing it.
-    """
-
-    REFERENCED = "referenced"
-    GRACE = "grace"
-    IN_FLIGHT = "in_flight"
-
-
-@dataclass(frozen=True)
-class GcEntry:
-    """A unit deleted (or, in a dry run, to be deleted); path relative to the pipeline dir."""
-
-    path: str
-    is_dir: bool
-    files: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class KeptEntry:
-    """A unit kept, why, and the detail (the references, its age)."""
-
-    path: str
-    reason: KeepReason
-    detail: str
-
-
-@dataclass(frozen=True)
-class GcReport:
-    """What one collection deleted (or would), kept, noted and failed to delete."""
-
-    pipeline_key: str
-    pipeline_dir: str
-    dry_run: bool
-    grace_s: float
-    deleted: tuple[GcEntry, ...] = ()
-    kept: tuple[KeptEntry, ...] = ()
-    notes: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-
-    @property
-    def bytes_freed(self) -> int:
-        """Bytes of the deleted units."""
-        return sum(e.bytes for e in self.deleted)
-
-    @property
-    def files_deleted(self) -> int:
-        """Files in the deleted units."""
-        return sum(e.files for e in self.deleted)
-
-    @property
-    def dirs_deleted(self) -> int:
-        """Deleted units that were directories."""
-        return sum(1 for e in self.deleted if e.is_dir)
-
-    @property
-    def deleted_paths(self) -> list[str]:
-        """Paths of the deleted units, relative to the pipeline dir."""
-        return [e.path for e in self.deleted]
-
-    def kept_because(self, reason: KeepReason) -> dict[str, str]:
-        """Path -> detail of the units kept for ``reason``."""
-        return {k.path: k.detail for k in self.kept if k.reason is reason}
-
-    def summary(self) -> str:
-        """One line for the log."""
-        verb = "would delete" if self.dry_run else "deleted"
-        return (
-            f"gc of {self.pipeline_key}: {verb} {len(self.deleted)} entries "
-            f"({self.files_deleted} files, {self.bytes_freed} bytes), kept {len(self.kept)}"
-            + (f", {len(self.errors)} errors" if self.errors else "")
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON (``finalckpt gc --json``)."""
-        return {
-            "pipeline_key": self.pipeline_key,
-            "pipeline_dir": self.pipeline_dir,
-            "dry_run": self.dry_run,
-            "grace_s": self.grace_s,
-            "bytes_freed": self.bytes_freed,
-            "files_deleted": self.files_deleted,
-            "dirs_deleted": self.dirs_deleted,
-            "deleted": [
-                {"path": e.path, "is_dir": e.is_dir, "files": e.files, "bytes": e.bytes}
-                for e in self.deleted
-            ],
-            "kept": [
-                {"path": k.path, "reason": k.reason.value, "detail": k.detail} for k in self.kept
-            ],
-            "notes": list(self.notes),
-            "errors": list(self.errors),
-        }
 
 
 # ---------------------------------------------------------------------------- references
@@ -343,178 +270,6 @@ def _exists(fs: AbstractFileSystem | None, path: str) -> bool:
         return True  # cannot tell: assume it exists (the conservative answer)
 
 
-# ---------------------------------------------------------------------------- files
-
-
-@dataclass(frozen=True)
-class _Unit:
-    relpath: str
-    is_dir: bool
-
-
-@dataclass(frozen=True)
-class _Stats:
-    files: int
-    bytes: int
-    newest: float | None
-
-
-def _mtime(info: Mapping[str, Any]) -> float | None:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return None
-
-
-def _is_scaffolding(parts: tuple[str, ...]) -> bool:
-    """Directories of the layout itself: listed, never deleted."""
-    if parts[0] == DATA_DIR:
-        return len(parts) <= 2 or (len(parts) == 3 and parts[2] == PARTS_DIR)
-    return parts[0] == STATE_DIR and len(parts) <= 3
-
-
-def _stage_of(relpath: str) -> str | None:
-    parts = relpath.split("/")
-    return parts[1] if len(parts) >= 3 and parts[0] in _ROOTS else None
-
-
-class _Files:
-    def __init__(self, fs: AbstractFileSystem, base: str) -> None:
-        self.fs = fs
-        self.base = base
-
-    def _ls(self, fs_path: str) -> list[dict[str, Any]]:
-        try:
-            return list(self.fs.ls(fs_path, detail=True))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    def units(self) -> list[_Unit]:
-        self.fs.invalidate_cache(self.base)
-        found: list[_Unit] = []
-        todo = list(_ROOTS)
-        while todo:
-            rel = todo.pop()
-            for info in self._ls(f"{self.base}/{rel}"):
-                name = posixpath.basename(str(info["name"]).rstrip("/"))
-                if name in ("", ".", ".."):
-                    continue
-                child = f"{rel}/{name}"
-                is_dir = info.get("type") == "directory"
-                if is_dir and _is_scaffolding(tuple(child.split("/"))):
-                    todo.append(child)
-                else:
-                    found.append(_Unit(child, is_dir))
-        return sorted(found, key=lambda u: u.relpath)
-
-    def stats(self, unit: _Unit) -> _Stats:
-        fs_path = f"{self.base}/{unit.relpath}"
-        try:
-            own = self.fs.info(fs_path)
-        except FileNotFoundError:
-            return _Stats(0, 0, None)
-        if not unit.is_dir:
-            return _Stats(1, int(own.get("size") or 0), _mtime(own))
-        try:
-            entries = self.fs.find(fs_path, withdirs=True, detail=True)
-        except FileNotFoundError:
-            entries = {}
-        # Directories on object stores have no modification time: only files must have one.
-        dir_times = [_mtime(own)]
-        file_times: list[float | None] = []
-        files = size = 0
-        for info in entries.values():
-            if info.get("type") == "directory":
-                dir_times.append(_mtime(info))
-            else:
-                files += 1
-                size += int(info.get("size") or 0)
-                file_times.append(_mtime(info))
-        if any(x is None for x in file_times):
-            return _Stats(files, size, None)
-        known = [x for x in (*dir_times, *file_times) if x is not None]
-        return _Stats(files, size, max(known) if known else None)
-
-    def fs_path(self, relpath: str) -> str:
-        return f"{self.base}/{relpath}"
-
-    def temporaries(self) -> list[tuple[str, dict[str, Any]]]:
-        """Temporary files of atomic writes under ``data/``, ``state/`` and ``chk-<id>/``
-        (relative path, info), from one recursive listing of the pipeline directory.
-        """
-        try:
-            found = self.fs.find(self.base, detail=True)
-        except FileNotFoundError:
-            return []
-        result = []
-        for name, info in found.items():
-            path = str(name).rstrip("/")
-            if not path.startswith(self.base + "/") or info.get("type") == "directory":
-                continue
-            relpath = path[len(self.base) + 1 :]
-            top = relpath.split("/", 1)[0]
-            if TEMP_MARKER not in posixpath.basename(relpath):
-                continue
-            if top in _ROOTS or parse_checkpoint_dir_name(top) is not None:
-                result.append((relpath, info))
-        return sorted(result, key=lambda item: item[0])
-
-    def mtime(self, relpath: str) -> float | None:
-        try:
-            return _mtime(self.fs.info(f"{self.base}/{relpath}"))
-        except FileNotFoundError:
-            return None
-
-    def remove(self, unit: _Unit) -> bool:
-        """Delete a unit; False if it was already gone (another collector was faster)."""
-        fs_path = f"{self.base}/{unit.relpath}"
-        for _attempt in range(3):
-            try:
-                if unit.is_dir:
-                    self.fs.rm(fs_path, recursive=True)
-                else:
-                    self.fs.rm_file(fs_path)
-                return True
-            except FileNotFoundError:
-                # Deleted concurrently, wholly or in part: done once it no longer exists.
-                self.fs.invalidate_cache(fs_path)
-                if not self.fs.exists(fs_path):
-                    return False
-        self.fs.rm(fs_path, recursive=unit.is_dir)
-        return True
-
-
-class _Index:
-    """Referenced paths with their sources; answers "is this unit referenced?" in O(depth)."""
-
-    def __init__(self, referenced: Mapping[str, set[str]]) -> None:
-        self.exact = referenced
-        #: a directory -> sources of the references below it
-        self.below: dict[str, set[str]] = {}
-        for path, sources in referenced.items():
-            parts = path.split("/")
-            for depth in range(1, len(parts)):
-                self.below.setdefault("/".join(parts[:depth]), set()).update(sources)
-
-    def sources(self, relpath: str) -> set[str] | None:
-        """Sources of every reference equal to, inside or containing ``relpath``."""
-        found = set(self.exact.get(relpath, ())) | self.below.get(relpath, set())
-        parts = relpath.split("/")
-        for depth in range(1, len(parts)):
-            found |= self.exact.get("/".join(parts[:depth]), set())
-        return found or None
-
-
 # ---------------------------------------------------------------------------- the collector
 
 
@@ -525,7 +280,7 @@ class _Scan:
     live_first: Mapping[str, StageView]
     live: Mapping[str, StageView]
     needed_by: Mapping[str, str]
-    index: _Index
+    index: RefIndex
 
     def running(self) -> set[str]:
         """Stages RUNNING in either live read."""
@@ -567,20 +322,20 @@ def _scan(coordinator: CoordinatorPort, col: _Collector, graph: StageGraph) -> _
             continue
         for part, sources in parts.items():
             referenced.setdefault(part, set()).update(sources | {reason})
-    return _Scan(live_first, live, needed_by, _Index(referenced))
+    return _Scan(live_first, live, needed_by, RefIndex(referenced))
 
 
 @dataclass(frozen=True)
 class _Judge:
     """Decides, unit by unit, what is kept and why."""
 
-    index: _Index
-    files: _Files
+    index: RefIndex
+    files: StorageFiles
     col: _Collector
     grace_s: float
     markers: Mapping[str, float | None]
 
-    def keep(self, unit: _Unit) -> KeptEntry | _Stats | None:
+    def keep(self, unit: Unit) -> KeptEntry | Stats | None:
         """A KeptEntry (kept, and why), the unit's stats (delete it), or None (it vanished)."""
         why = self.index.sources(unit.relpath)
         if why is not None:
@@ -597,7 +352,7 @@ class _Judge:
                 KeepReason.GRACE,
                 f"modified {max(age, 0.0):.0f} s ago, grace period {self.grace_s:.0f} s",
             )
-        stage = _stage_of(unit.relpath)
+        stage = stage_of(unit.relpath)
         if stage is not None and stage in self.markers:
             marker = self.markers[stage]
             if marker is None or stats.newest >= marker:
@@ -640,7 +395,7 @@ def collect_garbage(
     col = _Collector(coordinator, storage, grace_s, clock())
     key = coordinator.pipeline_key
     scan = _scan(coordinator, col, graph)
-    files = _Files(col.fs, col.base)
+    files = StorageFiles(col.fs, col.base)
     running = scan.running()
     markers = {
         sid: _last_recorded(files, scan.live.get(sid) or scan.live_first[sid]) for sid in running
@@ -667,7 +422,7 @@ def collect_garbage(
                 deleted.append(entry)
         except OSError as exc:
             errors.append(f"cannot delete {unit.relpath}: {exc}")
-    _collect_temporaries(files, units, col.now, grace_s, running, markers, dry_run, deleted, errors)
+    collect_temporaries(files, units, col.now, grace_s, running, markers, dry_run, deleted, errors)
     report = GcReport(
         pipeline_key=key,
         pipeline_dir=storage.pipeline_dir(key),
@@ -701,52 +456,7 @@ def _read_completed(
             col.add_handles(sid, rec.state, rec.end_of_data, label)
 
 
-def _collect_temporaries(
-    files: _Files,
-    units: list[_Unit],
-    now: float,
-    grace_s: float,
-    running: set[str],
-    markers: Mapping[str, float | None],
-    dry_run: bool,
-    deleted: list[GcEntry],
-    errors: list[str],
-) -> None:
-    """Delete the temporary files of atomic writes that a crash cut short
-    (``.<name>.tmp-<hex>``) inside what is kept: a referenced output part or state directory,
-    a checkpoint directory. Nothing reads them (readers only look at final names); they go once
-    older than the grace period, unless their stage is RUNNING and they are newer than its last
-    recorded batch (a write may be in flight). Temporary files that are units themselves, or
-    inside units deleted above, are already dealt with.
-    """
-    unit_paths = {u.relpath for u in units}
-    gone = {e.path for e in deleted}
-    for relpath, info in files.temporaries():
-        parts = relpath.split("/")
-        if relpath in unit_paths or any("/".join(parts[:d]) in gone for d in range(1, len(parts))):
-            continue
-        mtime = _mtime(info)
-        if mtime is None or now - mtime < grace_s:
-            continue
-        stage = _stage_of(relpath)
-        if stage in running:
-            marker = markers.get(stage)
-            if marker is None or mtime >= marker:
-                continue
-        entry = GcEntry(relpath, False, 1, int(info.get("size") or 0))
-        if dry_run:
-            deleted.append(entry)
-            continue
-        try:
-            files.fs.rm_file(files.fs_path(relpath))
-            deleted.append(entry)
-        except FileNotFoundError:
-            pass  # removed concurrently
-        except OSError as exc:
-            errors.append(f"cannot delete {relpath}: {exc}")
-
-
-def _last_recorded(files: _Files, view: StageView) -> float | None:
+def _last_recorded(files: StorageFiles, view: StageView) -> float | None:
     """When a running stage last recorded a batch: the newest of its live handle files."""
     times = [files.mtime(h.path) for h in view.progress.state]
     known = [x for x in times if x is not None]
