@@ -8,6 +8,7 @@ it defaults to the stage id and may change without losing state.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -122,16 +123,18 @@ class StageGraph:
     def topological_order(self) -> list[str]:
         """Stage ids, every stage after all its upstream stages (ties broken by id)."""
         indegree = {sid: len(s.upstream) for sid, s in self.stages.items()}
-        ready = sorted(sid for sid, d in indegree.items() if d == 0)
+        # A heap of the ready ids: the smallest first, as re-sorting a list after every stage
+        # did, in O(N log N) instead of O(N^2 log N) (every trigger orders the graph).
+        ready = [sid for sid, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
         order: list[str] = []
         while ready:
-            sid = ready.pop(0)
+            sid = heapq.heappop(ready)
             order.append(sid)
             for down in self._downstream[sid]:
                 indegree[down] -= 1
                 if indegree[down] == 0:
-                    ready.append(down)
-            ready.sort()
+                    heapq.heappush(ready, down)
         return order
 
     def ancestors(self, stage_id: str) -> set[str]:
