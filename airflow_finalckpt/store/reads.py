@@ -670,10 +670,12 @@ def finished_end(
     total_splits: int | None, finished: int | None, eod: Any, watermark: Any
 ) -> FinishedStageEnd:
     """A finished stage's end as the JSON paths of its final snapshot read it; its finished
-    split count is the length of the final snapshot's split list, counted by the database
-    (else: the declared splits minus those a drain left unread).
+    split count is the length of the final snapshot's split list, counted by the database, or,
+    when that list is empty (a stage restored from metadata v2), the declared splits minus
+    those a drain left unread (None: the stage declared none).
     """
     end = None if eod is None else EndOfData.model_validate(eod)
-    if finished is None and total_splits is not None:
-        finished = max(0, total_splits - (end.unread_splits if end is not None else 0))
+    if not finished:  # no ids: restored from metadata v2 (which keeps none), or none finished
+        unread = end.unread_splits if end is not None else 0
+        finished = None if total_splits is None else max(0, total_splits - unread)
     return FinishedStageEnd(end_of_data=end, watermark=watermark, finished_count=finished)
