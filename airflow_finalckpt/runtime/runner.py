@@ -9,36 +9,21 @@ checkpoint. CLOSED: once a qualifying checkpoint completed, covered transactions
 later ones aborted.
 
 The runtime knows neither Airflow nor Spark: a ``StageLogic`` does the work of a batch.
+``StageRunner`` is here; the plain values and protocols it works with are in ``values``, batch
+sizing and transaction names in ``batches``, the commit and close in ``closer`` (all importable
+from this module too).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
 
 from airflow_finalckpt import metrics
 from airflow_finalckpt.core.assignment import remaining_splits
-from airflow_finalckpt.core.batching import (
-    DEFAULT_MAX_BATCH_SPLITS,
-    DEFAULT_TARGET_BATCH_S,
-    BatchPolicy,
-    BatchSample,
-    Throughput,
-    fit,
-    next_batch_size,
-    policy_from,
-)
-from airflow_finalckpt.core.errors import (
-    FinalCheckpointError,
-    IllegalTransitionError,
-    StaleEpochError,
-)
+from airflow_finalckpt.core.batching import Throughput
+from airflow_finalckpt.core.errors import StaleEpochError
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
     OUTPUT_PREFIX,
@@ -52,217 +37,45 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.views import StageView, StopRequest, draining, suspends
-from airflow_finalckpt.runtime.gc import collect_after_close
+from airflow_finalckpt.runtime.batches import (
+    BatchSizer,
+    batch_key,
+    transaction_id,
+    transaction_prefix,
+)
+from airflow_finalckpt.runtime.closer import StageCloser
+from airflow_finalckpt.runtime.values import (
+    Batch,
+    BatchOutput,
+    CommitMode,
+    Log,
+    Progress,
+    RunResult,
+    RunStatus,
+    StageLogic,
+    StageSpec,
+    ThroughputHints,
+)
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 
-
-class CommitMode(StrEnum):
-    """PROGRESSIVE commits every transaction as soon as a completed checkpoint covers it;
-    FINAL publishes the whole stage's output at its final checkpoint only.
-    """
-
-    PROGRESSIVE = "progressive"
-    FINAL = "final"
-
-
-class RunStatus(StrEnum):
-    """How an attempt ended: input finished, suspended by a stop with savepoint, or closed."""
-
-    FINISHED = "finished"
-    SUSPENDED = "suspended"
-    CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """``batch_size``: ``"auto"`` (batches of about ``target_batch_s`` seconds) or a split count."""
-
-    pipeline_key: str
-    stage_id: str
-    splits: tuple[str, ...]
-    batch_size: int | str = "auto"
-    checkpoint_interval_s: float = 60.0
-    commit_mode: CommitMode = CommitMode.PROGRESSIVE
-    target_batch_s: float = DEFAULT_TARGET_BATCH_S
-    max_batch_splits: int = DEFAULT_MAX_BATCH_SPLITS
-
-    def __post_init__(self) -> None:
-        self.policy  # noqa: B018 - validates batch_size and target_batch_s
-
-    @property
-    def policy(self) -> BatchPolicy:
-        """The batch sizing policy of ``batch_size``, ``target_batch_s`` and the split cap."""
-        return policy_from(self.batch_size, self.target_batch_s, self.max_batch_splits)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One unit of Spark work: a deterministic key (so a redone batch writes the same part)."""
-
-    index: int
-    key: str
-    splits: tuple[str, ...]
-    #: It takes the stage's last unfinished splits: the input ends with this batch.
-    last: bool = False
-    #: A downstream stage reads the stage's output parts (False: only its sinks keep output).
-    output_read: bool = True
-
-
-@dataclass(frozen=True)
-class BatchOutput:
-    """What a batch (or the finish) produced: output parts, new state, watermark."""
-
-    parts: tuple[str, ...] = ()
-    state: tuple[StateHandle, ...] | None = None
-    watermark: int | None = None
-
-
-class Log(Protocol):
-    """Any logger with ``info`` (stdlib, or the Task SDK's structlog logger)."""
-
-    def info(self, event: Any, *args: Any, **kw: Any) -> Any:
-        """Log ``event`` (a %-format string with ``args``)."""
-        ...
-
-
-class StageLogic(Protocol):
-    """What a stage does; the Spark adapter implements it (and may offer ``split_weights``:
-    the input bytes of each split, so auto batches are sized by bytes, not split counts).
-    """
-
-    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None:
-        """Load the state and watermark the last recorded batch left (none on a fresh start)."""
-        ...
-
-    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
-        """Run one batch, writing sink rows under ``txn_ids`` (sink id -> transaction id)."""
-        ...
-
-    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
-        """End of input: flush what state holds back (all windows when ``drain``)."""
-        ...
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """The outcome of ``StageRunner.run``: status, end-of-data record, splits done or skipped."""
-
-    status: RunStatus
-    end_of_data: EndOfData | None = None
-    processed_splits: tuple[str, ...] = ()
-    skipped_splits: int = 0
-    savepoint_id: int | None = None
-
-
-class ThroughputHints(Protocol):
-    """Where a stage's measured batch throughput is kept between attempts and runs."""
-
-    def load(self, stage_id: str) -> Throughput | None:
-        """The stage's last stored throughput, or None."""
-        ...
-
-    def save(self, stage_id: str, throughput: Throughput) -> None:
-        """Keep the stage's throughput for the next attempt or run."""
-        ...
-
-
-@dataclass
-class Progress:
-    """Split progress of this attempt, for logs and progress bars."""
-
-    total: int
-    done: int
-    processed: list[str] = field(default_factory=list)
-    #: (splits, seconds) of every batch of this attempt, and the current throughput estimate.
-    batches: list[tuple[int, float]] = field(default_factory=list)
-    throughput: Throughput | None = None
-
-
-class BatchSizer:
-    """Sizes an attempt's batches from the policy, the samples so far and a stored hint.
-
-    Weights are input bytes when the logic knows every pending split's size (upstream output
-    parts), else split counts; a hint measured in the other unit is ignored.
-    """
-
-    def __init__(
-        self,
-        policy: BatchPolicy,
-        weigh: Callable[[Sequence[str]], Sequence[int | None]] | None = None,
-        hint: Throughput | None = None,
-    ) -> None:
-        self.policy = policy
-        self._weigh = weigh
-        self._weights: dict[str, float] = {}
-        self._hint = hint
-        self.by_bytes: bool | None = None if weigh is not None else False
-        self.samples: list[BatchSample] = []
-        self.throughput: Throughput | None = None
-        if self.by_bytes is False:
-            self._use_hint()
-
-    def _use_hint(self) -> None:
-        if self._hint is not None and self._hint.by_bytes == self.by_bytes:
-            self.samples = list(self._hint.samples)
-            self.throughput = self._hint
-
-    def weights(self, splits: Sequence[str]) -> list[float]:
-        """Bytes per split (at least 1) when known for all of them, else 1 per split."""
-        if self.by_bytes is not False and self._weigh is not None:
-            missing = [s for s in splits if s not in self._weights]
-            found = list(self._weigh(missing)) if missing else []
-            if len(found) != len(missing) or any(w is None for w in found):
-                self.by_bytes, self.samples, self.throughput = False, [], None
-                self._use_hint()
-            else:
-                self._weights.update(
-                    {s: float(max(int(w or 0), 1)) for s, w in zip(missing, found, strict=True)}
-                )
-                if self.by_bytes is None:
-                    self.by_bytes = True
-                    self._use_hint()
-        if not self.by_bytes:
-            return [1.0] * len(splits)
-        return [self._weights[s] for s in splits]
-
-    def next_size(self, pending: Sequence[str]) -> int:
-        """How many of the ``pending`` splits the next batch takes."""
-        if self.policy.fixed is not None:
-            return min(self.policy.fixed, len(pending))
-        window = pending[: self.policy.max_splits]
-        weights = self.weights(window)
-        return next_batch_size(self.policy, self.throughput, weights)
-
-    def observe(self, splits: Sequence[str], seconds: float) -> None:
-        """Add a measured batch to the samples and refit the throughput."""
-        weight = sum(self.weights(splits))
-        self.samples.append(BatchSample(len(splits), weight, max(seconds, 0.0)))
-        self.throughput = fit(self.samples, by_bytes=bool(self.by_bytes))
-
-
-def batch_key(splits: Sequence[str]) -> str:
-    """A stable, path-safe name of a batch: its first split's tail plus a digest of all."""
-    digest = hashlib.sha1("\n".join(splits).encode()).hexdigest()[:10]
-    tail = re.sub(r"[^A-Za-z0-9_.-]", "_", splits[0].rsplit("/", 1)[-1])[:40].lstrip(".-")
-    return f"{tail or 'b'}-n{len(splits)}-{digest}"
-
-
-def transaction_prefix(pipeline_key: str, stage_id: str) -> str:
-    """What every transaction id of one stage of one pipeline starts with: pipelines sharing a
-    sink never write to, commit or sweep each other's transactions.
-    """
-    digest = hashlib.sha1(pipeline_key.encode()).hexdigest()[:10]
-    return f"{stage_id}.p{digest}."
-
-
-def transaction_id(pipeline_key: str, stage_id: str, batch: str, epoch: int | None) -> str:
-    """``<stage>.p<pipeline digest>.<batch key>.e<epoch>``: one per batch and attempt, at most
-    200 characters (a long stage id or batch key is shortened with a digest, never the epoch).
-    """
-    body, suffix = f"{transaction_prefix(pipeline_key, stage_id)}{batch}", f".e{epoch}"
-    if len(body) + len(suffix) > 200:
-        body = f"{body[:180]}-{hashlib.sha1(body.encode()).hexdigest()[:10]}"
-    return body + suffix
+__all__ = [
+    "Batch",
+    "BatchOutput",
+    "BatchSizer",
+    "CommitMode",
+    "Log",
+    "Progress",
+    "RunResult",
+    "RunStatus",
+    "StageCloser",
+    "StageLogic",
+    "StageRunner",
+    "StageSpec",
+    "ThroughputHints",
+    "batch_key",
+    "transaction_id",
+    "transaction_prefix",
+]
 
 
 def _split_state(
@@ -699,89 +512,6 @@ class StageRunner:
                     sink.abort(
                         SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0)
                     )
-
-
-class StageCloser:
-    """Commit and close of a finished stage (FLIP-147's close()): it needs no stage logic, since
-    commits are file renames and database transactions, so a task back from the triggerer (or
-    whose Spark driver ran elsewhere) closes its stage without Spark.
-    """
-
-    def __init__(
-        self,
-        coordinator: CoordinatorPort,
-        stage_id: str,
-        sinks: Sequence[TwoPhaseCommitSink] = (),
-        *,
-        epoch: int | None = None,
-        log: Log | None = None,
-        fault: Callable[[str], None] | None = None,
-        gc_source: object = None,
-    ) -> None:
-        self.coordinator = coordinator
-        self.stage_id = stage_id
-        self.sinks = {s.sink_id: s for s in sinks}
-        #: the attempt's epoch (commits are fenced by it); None: the stage's current epoch
-        self.epoch = epoch
-        self.log: Log = log or logging.getLogger("airflow_finalckpt.stage")
-        self.fault = fault or (lambda _point: None)
-        #: has a ``storage`` attribute (the stage logic): where the collection after close
-        #: looks when the coordinator writes no checkpoint storage
-        self.gc_source = gc_source
-
-    def commit_covered(self) -> int:
-        """Commit every transaction a completed checkpoint covers (idempotent, fenced)."""
-        assert self.epoch is not None
-        committed = 0
-        for txn in self.coordinator.committable_transactions(self.stage_id):
-            sink = self.sinks.get(txn.sink_id)
-            if sink is None:
-                raise FinalCheckpointError(
-                    f"stage {self.stage_id!r} has a transaction for sink {txn.sink_id!r}, "
-                    "which is not configured any more; restore the sink to commit it"
-                )
-            self.coordinator.check_epoch(self.stage_id, self.epoch)
-            self.fault("before-commit")
-            started = time.monotonic()
-            sink.commit(txn)
-            metrics.commit(self.stage_id, txn.sink_id, time.monotonic() - started)
-            self.fault("mid-commit")
-            if self.coordinator.mark_committed(self.stage_id, self.epoch, txn.sink_id, txn.txn_id):
-                committed += 1
-        return committed
-
-    def try_close(self) -> EndOfData | None:
-        """If a qualifying checkpoint completed: commit up to it, abort later ones, close."""
-        if self.epoch is None:
-            self.epoch = self.coordinator.stage(self.stage_id).epoch
-        stage_id = self.stage_id
-        checkpoint_id = self.coordinator.closable_checkpoint(stage_id)
-        if checkpoint_id is None:
-            return None
-        view = self.coordinator.stage(stage_id)
-        if view.lifecycle is not StageLifecycle.CLOSED:
-            committed = self.commit_covered()
-            try:
-                aborted = self.coordinator.close(stage_id, self.epoch, checkpoint_id)
-            except IllegalTransitionError as exc:  # a savepoint stop started meanwhile
-                self.log.info("stage %s keeps waiting: %s", stage_id, exc)
-                return None
-            for txn in aborted:
-                sink = self.sinks.get(txn.sink_id)
-                if sink is not None:
-                    sink.abort(txn)
-            metrics.stage_closed(stage_id)
-            self.log.info(
-                "stage %s closed on checkpoint %d: %d transactions committed now, %d aborted",
-                stage_id,
-                checkpoint_id,
-                committed,
-                len(aborted),
-            )
-            # Outputs this stage consumed may be collectable now; never raises (logs a warning).
-            collect_after_close(self.coordinator, self.gc_source, self.log)
-            view = self.coordinator.stage(stage_id)
-        return view.final_snapshot.end_of_data if view.final_snapshot else None
 
 
 def _describe_throughput(throughput: Throughput | None, template: str) -> str:

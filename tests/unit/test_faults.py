@@ -22,6 +22,7 @@ from sqlalchemy import text, update
 
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import StorageError
+from airflow_finalckpt.runtime import closer as closer_module
 from airflow_finalckpt.runtime import runner as runner_module
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage import atomic as atomic_module
@@ -46,8 +47,9 @@ from faults.worker import InProcessWorker, dispose_sinks, make_sinks
 
 
 def test_runtime_points_are_exactly_the_runners_fault_calls() -> None:
-    called = set(re.findall(r'self\.fault\("([a-z-]+)"\)', inspect.getsource(runner_module)))
-    assert called == set(RUNTIME_POINTS), "StageRunner's fault points changed: update points.py"
+    source = inspect.getsource(runner_module) + inspect.getsource(closer_module)
+    called = set(re.findall(r'self\.fault\("([a-z-]+)"\)', source))
+    assert called == set(RUNTIME_POINTS), "the runtime's fault points changed: update points.py"
 
 
 def test_every_point_is_described_and_has_actions() -> None:

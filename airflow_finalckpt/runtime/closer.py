@@ -1,0 +1,100 @@
+"""Commit and close of a finished stage (FLIP-147's close()), apart from the runner: it needs no
+stage logic, so a task back from the triggerer closes its stage without Spark.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from airflow_finalckpt import metrics
+from airflow_finalckpt.core.errors import FinalCheckpointError, IllegalTransitionError
+from airflow_finalckpt.core.model import EndOfData, StageLifecycle
+from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.runtime.gc import collect_after_close
+from airflow_finalckpt.runtime.values import Log
+from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+
+
+class StageCloser:
+    """Commit and close of a finished stage (FLIP-147's close()): it needs no stage logic, since
+    commits are file renames and database transactions, so a task back from the triggerer (or
+    whose Spark driver ran elsewhere) closes its stage without Spark.
+    """
+
+    def __init__(
+        self,
+        coordinator: CoordinatorPort,
+        stage_id: str,
+        sinks: Sequence[TwoPhaseCommitSink] = (),
+        *,
+        epoch: int | None = None,
+        log: Log | None = None,
+        fault: Callable[[str], None] | None = None,
+        gc_source: object = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.stage_id = stage_id
+        self.sinks = {s.sink_id: s for s in sinks}
+        #: the attempt's epoch (commits are fenced by it); None: the stage's current epoch
+        self.epoch = epoch
+        self.log: Log = log or logging.getLogger("airflow_finalckpt.stage")
+        self.fault = fault or (lambda _point: None)
+        #: has a ``storage`` attribute (the stage logic): where the collection after close
+        #: looks when the coordinator writes no checkpoint storage
+        self.gc_source = gc_source
+
+    def commit_covered(self) -> int:
+        """Commit every transaction a completed checkpoint covers (idempotent, fenced)."""
+        assert self.epoch is not None
+        committed = 0
+        for txn in self.coordinator.committable_transactions(self.stage_id):
+            sink = self.sinks.get(txn.sink_id)
+            if sink is None:
+                raise FinalCheckpointError(
+                    f"stage {self.stage_id!r} has a transaction for sink {txn.sink_id!r}, "
+                    "which is not configured any more; restore the sink to commit it"
+                )
+            self.coordinator.check_epoch(self.stage_id, self.epoch)
+            self.fault("before-commit")
+            started = time.monotonic()
+            sink.commit(txn)
+            metrics.commit(self.stage_id, txn.sink_id, time.monotonic() - started)
+            self.fault("mid-commit")
+            if self.coordinator.mark_committed(self.stage_id, self.epoch, txn.sink_id, txn.txn_id):
+                committed += 1
+        return committed
+
+    def try_close(self) -> EndOfData | None:
+        """If a qualifying checkpoint completed: commit up to it, abort later ones, close."""
+        if self.epoch is None:
+            self.epoch = self.coordinator.stage(self.stage_id).epoch
+        stage_id = self.stage_id
+        checkpoint_id = self.coordinator.closable_checkpoint(stage_id)
+        if checkpoint_id is None:
+            return None
+        view = self.coordinator.stage(stage_id)
+        if view.lifecycle is not StageLifecycle.CLOSED:
+            committed = self.commit_covered()
+            try:
+                aborted = self.coordinator.close(stage_id, self.epoch, checkpoint_id)
+            except IllegalTransitionError as exc:  # a savepoint stop started meanwhile
+                self.log.info("stage %s keeps waiting: %s", stage_id, exc)
+                return None
+            for txn in aborted:
+                sink = self.sinks.get(txn.sink_id)
+                if sink is not None:
+                    sink.abort(txn)
+            metrics.stage_closed(stage_id)
+            self.log.info(
+                "stage %s closed on checkpoint %d: %d transactions committed now, %d aborted",
+                stage_id,
+                checkpoint_id,
+                committed,
+                len(aborted),
+            )
+            # Outputs this stage consumed may be collectable now; never raises (logs a warning).
+            collect_after_close(self.coordinator, self.gc_source, self.log)
+            view = self.coordinator.stage(stage_id)
+        return view.final_snapshot.end_of_data if view.final_snapshot else None
