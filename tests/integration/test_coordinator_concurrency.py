@@ -167,20 +167,28 @@ def check_checkpoint_ids(checkpoints: Sequence[Any], next_id: int) -> list[int]:
     ids = [int(c["checkpoint_id"]) for c in checkpoints]
     assert ids == list(range(1, len(ids) + 1))
     assert next_id == len(ids) + 1
-    assert len(ids) >= len(wl.STAGES)  # at least one eager final checkpoint per stage
+    # At least one checkpoint; finishes may share one eager checkpoint (coalescing), so not
+    # necessarily one per stage. That every stage closed on a completed checkpoint >= its
+    # threshold is checked by check_stages_closed.
+    assert ids
     return ids
 
 
 def check_acks(checkpoints: Sequence[Any], acks: Sequence[Any]) -> None:
-    # Every checkpoint counted exactly the acknowledgements it received; none hangs.
+    # Every checkpoint counted exactly the acknowledgements it waited for; none hangs. A stage
+    # it did not wait for (started after the trigger) may only have joined it by finishing.
     acked: dict[int, list[str]] = defaultdict(list)
+    joined: dict[int, list[str]] = defaultdict(list)
     for ack in acks:
         acked[int(ack["checkpoint_id"])].append(ack["stage_id"])
+        if ack["by_finish"]:
+            joined[int(ack["checkpoint_id"])].append(ack["stage_id"])
     completed = 0
     for ck in checkpoints:
         cid, to_ack = int(ck["checkpoint_id"]), ck["plan"]["to_ack"]
-        got = acked[cid]
-        assert set(got) <= set(to_ack), (cid, got, to_ack)
+        got = [sid for sid in acked[cid] if sid in to_ack]
+        extra = set(acked[cid]) - set(to_ack)
+        assert extra <= set(joined[cid]), (cid, extra, to_ack)
         assert ck["acks_pending"] == len(to_ack) - len(got), (cid, ck["acks_pending"], got)
         assert ck["state"] != CheckpointState.PENDING.value, f"checkpoint {cid} hangs"
         if ck["completed_at"] is not None:
