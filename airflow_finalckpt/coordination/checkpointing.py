@@ -211,17 +211,31 @@ class Checkpointing:
     # ------------------------------------------------------------------ complete
 
     def complete(self, tx: Tx, checkpoint_id: int) -> bool:
-        """Complete a fully acknowledged checkpoint; False if writing its metadata failed."""
+        """Complete a fully acknowledged checkpoint; False if it was aborted instead (its
+        metadata write failed, or a stage it records from restored progress started work
+        since the trigger).
+        """
         info = tx.rows.checkpoint(checkpoint_id)
         acks = tx.rows.acks(checkpoint_id)
+        unstarted = tx.rows.unstarted_progress()
+        moved = rules.started_since_trigger(info.plan, acks, unstarted)
+        if moved:
+            detail = (
+                f"stage(s) {', '.join(map(repr, moved))} started work after the checkpoint was "
+                "triggered, so their restored progress at the trigger is gone; the next "
+                "checkpoint asks them"
+            )
+            self.abort(tx, checkpoint_id, CheckpointFailureReason.DECLINED, detail)
+            return False
         # Reads only what the record holds: of finished stages their end (never their finished
-        # split ids), of unfinished ones their progress, transactions in one query.
+        # split ids), progress only of stages that have not started work, transactions in one
+        # query.
         record = rules.build_record(
             self.key,
             info,
             acks,
             tx.rows.finished_ends(),
-            tx.rows.unfinished_progress(),
+            unstarted,
             tx.rows.uncommitted_of(rules.needs_transactions(info.plan, acks)),
             tx.rows.graph_data(),
             tx.rows.fingerprint,

@@ -172,12 +172,39 @@ def finished_stage_record(
     )
 
 
+def unstarted_status(snap: StageSnapshot) -> StageStatus:
+    """The status of a stage without a live attempt, from its (restored) progress: restore
+    resumes it if it carries finished splits or anything snapshotted.
+    """
+    if snap.finished_splits:
+        return StageStatus.PARTIALLY_FINISHED
+    if snap.state or snap.pending_transactions or snap.watermark is not None:
+        return StageStatus.RUNNING
+    return StageStatus.NOT_STARTED
+
+
+def started_since_trigger(
+    plan: CheckpointPlan, acks: Mapping[str, AckRow], unstarted: Mapping[str, StageSnapshot]
+) -> list[str]:
+    """Stages the plan recorded with restored progress (not NOT_STARTED, not finished) that
+    started work after the trigger without acknowledging: their progress at the trigger is
+    gone, so the checkpoint cannot record them (it is aborted; the next one asks them).
+    """
+    return [
+        sid
+        for sid, status in plan.statuses.items()
+        if sid not in acks
+        and sid not in unstarted
+        and status not in (StageStatus.FULLY_FINISHED, StageStatus.NOT_STARTED)
+    ]
+
+
 def build_record(
     pipeline_key: str,
     checkpoint: CheckpointInfo,
     acks: Mapping[str, AckRow],
     finished: Mapping[str, FinishedStageEnd],
-    progress: Mapping[str, StageSnapshot],
+    unstarted: Mapping[str, StageSnapshot],
     uncommitted: Mapping[str, Sequence[SinkTransaction]],
     graph: Mapping[str, object],
     fingerprint: str,
@@ -185,7 +212,10 @@ def build_record(
 ) -> CheckpointRecord:
     """The ``_metadata`` of a fully acknowledged checkpoint: acknowledged stages as they
     answered, stages finished before the trigger from their end (``finished``: no split ids,
-    no state) and uncommitted transactions, the others from their ``progress``.
+    no state) and uncommitted transactions; the others from their progress if they have not
+    started work since (``unstarted``: what the trigger saw), else NOT_STARTED (they started
+    after the trigger: nothing of them belongs to this checkpoint; ``started_since_trigger``
+    refuses those that had restored progress).
     """
     stages: dict[str, StageCheckpointRecord] = {}
     for sid, status in checkpoint.plan.statuses.items():
@@ -194,8 +224,11 @@ def build_record(
             stages[sid] = stage_record(sid, acked_status(ack), ack.snapshot)
         elif status is StageStatus.FULLY_FINISHED:
             stages[sid] = finished_stage_record(sid, finished.get(sid), uncommitted.get(sid, ()))
-        else:  # NOT_STARTED, or restored progress of a stage not yet started again
-            stages[sid] = stage_record(sid, status, progress.get(sid, StageSnapshot()))
+        elif sid in unstarted:
+            snap = unstarted[sid]
+            stages[sid] = stage_record(sid, unstarted_status(snap), snap)
+        else:
+            stages[sid] = StageCheckpointRecord(stage_id=sid, status=StageStatus.NOT_STARTED)
     return CheckpointRecord(
         pipeline_key=pipeline_key,
         checkpoint_id=checkpoint.checkpoint_id,

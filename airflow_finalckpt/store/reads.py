@@ -632,13 +632,14 @@ class StoreReader:
         ).all()
         return {str(sid): finished_end(total, done, eod, wm) for sid, total, done, eod, wm in rows}
 
-    def unfinished_progress(self) -> dict[str, StageSnapshot]:
-        """The durable progress of every stage that has not finished, by stage id."""
+    def unstarted_progress(self) -> dict[str, StageSnapshot]:
+        """The progress of every stage that has not started work: NOT_STARTED (possibly with
+        restored progress) or SUSPENDED at its start; by stage id.
+        """
         s = t.stages.c
+        idle = (StageLifecycle.NOT_STARTED.value, StageLifecycle.SUSPENDED.value)
         rows = self.conn.execute(
-            select(s.stage_id, s.progress).where(
-                s.pipeline_key == self.key, s.lifecycle.not_in(FINISHED_STATES)
-            )
+            select(s.stage_id, s.progress).where(s.pipeline_key == self.key, s.lifecycle.in_(idle))
         ).all()
         return {str(sid): parse_snapshot(data) for sid, data in rows}
 

@@ -267,3 +267,16 @@ def test_fully_finished_stages_keep_their_count_not_their_ids() -> None:
     assert loaded.finished_splits == frozenset()
     assert loaded.finished_count == 3 == loaded.done_splits
     assert loaded.end_of_data == stage.end_of_data
+
+
+def test_a_fully_finished_stage_without_a_json_form_is_refused_naming_the_field() -> None:
+    stage = StageCheckpointRecord(
+        stage_id="a",
+        status=StageStatus.FULLY_FINISHED,
+        pending_transactions=(SinkTransaction(sink_id="s", txn_id="t", payload={"at": object()}),),
+    )
+    with pytest.raises(MetadataError) as caught:
+        dump_metadata(record_with({"a": stage}))
+    message = str(caught.value)
+    assert "cannot write checkpoint 9 of pipeline 'scale'" in message
+    assert "body.fully_finished.a.pending_transactions.0.payload.at" in message

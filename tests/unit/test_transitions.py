@@ -20,6 +20,7 @@ from airflow_finalckpt.core.model import (
     EndOfData,
     FinishedStageEnd,
     SinkTransaction,
+    StageCheckpointRecord,
     StageLifecycle,
     StageSnapshot,
     StageStatus,
@@ -222,6 +223,9 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
         "byfinish": StageStatus.RUNNING,  # finished while pending: acked by finish
         "partial": StageStatus.RUNNING,
         "running": StageStatus.RUNNING,
+        "restored": StageStatus.PARTIALLY_FINISHED,  # restored progress, not started again
+        "stateful": StageStatus.NOT_STARTED,  # restored RUNNING state, no split finished
+        "late": StageStatus.NOT_STARTED,  # started after the trigger
         "fresh": StageStatus.NOT_STARTED,
     }
     acks = {
@@ -234,14 +238,18 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
             end_of_data=final.end_of_data, watermark=final.watermark, finished_count=2
         )
     }
-    progress = {"fresh": StageSnapshot(finished_splits=frozenset({"restored"}))}
+    unstarted = {
+        "restored": StageSnapshot(finished_splits=frozenset({"r1"}), state=(handle,)),
+        "stateful": StageSnapshot(state=(handle,), watermark=5),
+        "fresh": StageSnapshot(),
+    }
     assert rules.needs_transactions(info(statuses).plan, acks) == ["fin"]
     record = rules.build_record(
         "key",
         info(statuses),
         acks,
         finished,
-        progress,
+        unstarted,
         {"fin": [txn("t", 2)]},
         {"g": 1},
         "fp",
@@ -253,6 +261,9 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
         "byfinish": StageStatus.FULLY_FINISHED,
         "partial": StageStatus.PARTIALLY_FINISHED,
         "running": StageStatus.RUNNING,
+        "restored": StageStatus.PARTIALLY_FINISHED,
+        "stateful": StageStatus.RUNNING,  # restorable: restore resumes it with its state
+        "late": StageStatus.NOT_STARTED,
         "fresh": StageStatus.NOT_STARTED,
     }
     # fully finished stages carry no state, but their end_of_data and transactions
@@ -264,9 +275,32 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
     assert stages["byfinish"].finished_splits == frozenset()
     assert stages["byfinish"].done_splits == 2
     assert stages["running"].state == (handle,)
-    assert stages["fresh"].finished_splits == {"restored"}
+    assert stages["restored"].finished_splits == {"r1"}
+    assert stages["restored"].state == (handle,)
+    assert stages["stateful"].state == (handle,) and stages["stateful"].watermark == 5
+    # nothing of a stage that started after the trigger: its progress is past the cut
+    assert stages["late"] == StageCheckpointRecord(stage_id="late", status=StageStatus.NOT_STARTED)
+    assert stages["fresh"] == StageCheckpointRecord(
+        stage_id="fresh", status=StageStatus.NOT_STARTED
+    )
     assert (record.checkpoint_id, record.triggered_at, record.completed_at) == (3, 100.0, 200.0)
     assert record.graph == {"g": 1} and record.graph_fingerprint == "fp"
+
+
+def test_a_stage_with_restored_progress_that_started_since_the_trigger_is_refused() -> None:
+    statuses = {
+        "restored": StageStatus.PARTIALLY_FINISHED,
+        "idle": StageStatus.PARTIALLY_FINISHED,
+        "late": StageStatus.NOT_STARTED,
+        "acked": StageStatus.PARTIALLY_FINISHED,
+        "fin": StageStatus.FULLY_FINISHED,
+    }
+    acks = {"acked": AckRow("acked", False, StageSnapshot(finished_splits=frozenset({"a"})))}
+    unstarted = {"idle": StageSnapshot(finished_splits=frozenset({"i"}))}
+    plan = info(statuses).plan
+    assert rules.started_since_trigger(plan, acks, unstarted) == ["restored"]
+    unstarted["restored"] = StageSnapshot(finished_splits=frozenset({"r"}))
+    assert rules.started_since_trigger(plan, acks, unstarted) == []
 
 
 def test_completion_subsumes_older_pending_checkpoints_but_never_savepoints() -> None:

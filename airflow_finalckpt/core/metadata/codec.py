@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from airflow_finalckpt.core.errors import MetadataError
 from airflow_finalckpt.core.metadata.compact import (
     decode_split_set,
@@ -17,6 +19,7 @@ from airflow_finalckpt.core.metadata.compact import (
     pack_json,
     unpack_json,
 )
+from airflow_finalckpt.core.metadata.registry import describe_validation_error
 from airflow_finalckpt.core.metadata.v2 import (
     FINISHED_STAGES,
     CheckpointBodyV2,
@@ -130,6 +133,20 @@ def _packed(record: CheckpointRecord, field: str, value: Any) -> dict[str, Any]:
         ) from None
 
 
+def _validate_finished(record: CheckpointRecord, finished: dict[str, Any]) -> None:
+    """The fully finished stages match their schema before they are packed (one validation
+    for all of them; an error names the stage and the field).
+    """
+    try:
+        FINISHED_STAGES.validate_python(finished, strict=True)
+    except ValidationError as exc:
+        raise MetadataError(
+            f"cannot write checkpoint {record.checkpoint_id} of pipeline "
+            f"{record.pipeline_key!r} as metadata version 2: "
+            f"{describe_validation_error(exc, prefix='body.fully_finished')}"
+        ) from None
+
+
 def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
     """Encode a record; raises pydantic's ValidationError (with full field paths) if it has
     no JSON form.
@@ -140,15 +157,13 @@ def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
     not_started: list[str] = []
     for sid, stage in sorted(record.stages.items()):
         if stage.status is StageStatus.FULLY_FINISHED:
-            # Validated here, so a value without a JSON form names its stage and field.
-            finished[sid] = FinishedStageV2.model_validate(_finished_json(stage)).model_dump(
-                mode="json"
-            )
+            finished[sid] = _finished_json(stage)
             continue
         if _is_bare(stage):
             not_started.append(sid)
         else:
             stages[sid] = _stage_json(stage)
+    _validate_finished(record, finished)
     return CheckpointBodyV2.model_validate(
         {
             "pipeline_key": record.pipeline_key,
