@@ -108,6 +108,18 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         }
     },
     "migration-disabled": {"migration": {"enabled": False}},
+    "api-login-secret": {
+        "airflow": {"api": {"existingSecret": "finalckpt-airflow-api", "passwordKey": "pw"}}
+    },
+    "api-token-secret": {
+        "airflow": {
+            "api": {
+                "url": "https://airflow-internal.example.com:8443/",
+                "existingSecret": "finalckpt-airflow-api",
+                "tokenKey": "jwt",
+            }
+        }
+    },
     "settings-and-jobs": {
         "settings": {
             "checkpointIntervalS": 30,
@@ -170,6 +182,8 @@ def test_default_install(render: Render) -> None:
         "AIRFLOW__FINALCKPT__CHECKPOINT_TIMEOUT_S": "600",
         "AIRFLOW__FINALCKPT__RETAIN_CHECKPOINTS": "3",
         "AIRFLOW__FINALCKPT__TARGET_BATCH_S": "30",
+        # the finalckpt CLI (restore) -> the official chart's api-server Service in the cluster
+        "AIRFLOW__FINALCKPT__API_URL": "http://airflow-api-server.airflow.svc:8080",
         "SPARK_CONF_DIR": "/opt/finalckpt/spark-conf",
     }
     # A database on the official chart's PostgreSQL (its service and default password).
@@ -192,6 +206,8 @@ def test_release_name_without_finalckpt_is_prefixed(render: Render) -> None:
     assert "airflow-postgresql.data.svc" in rendered.secret_value(
         "analytics-finalckpt-store", "url"
     )
+    config = rendered.one("ConfigMap", "analytics-finalckpt-config")["data"]
+    assert config["AIRFLOW__FINALCKPT__API_URL"] == "http://airflow-api-server.data.svc:8080"
 
 
 # --------------------------------------------------------------------------- migration hook
@@ -553,10 +569,16 @@ def test_rendered_settings_are_accepted_by_the_plugin(
     """Every AIRFLOW__FINALCKPT__* the chart renders is a setting the plugin knows, and the
     plugin's own parsers accept the rendered value (store URL included)."""
     from airflow_finalckpt.config import PARSERS, env_var_name, resolve_setting
+    from airflow_finalckpt.provider_info import API_CLIENT_OPTIONS
 
+    cli_only = {env_var_name(name) for name in API_CLIENT_OPTIONS}  # test_chart_api_client.py
     for scenario in ("defaults", "object-store", "external-db-url", "airflow-postgres-custom"):
         rendered = render(SCENARIOS[scenario])
-        env = {k: v for k, v in rendered.config().items() if k.startswith("AIRFLOW__FINALCKPT__")}
+        env = {
+            k: v
+            for k, v in rendered.config().items()
+            if k.startswith("AIRFLOW__FINALCKPT__") and k not in cli_only
+        }
         job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
         _, secret, key = job_env["AIRFLOW__FINALCKPT__STORE_URL"]
         env["AIRFLOW__FINALCKPT__STORE_URL"] = rendered.secret_value(secret, key)
@@ -605,9 +627,14 @@ def test_official_chart_values_reference_what_this_chart_provides(
     existing = SCENARIOS[scenario].get("coordinationDb", {}).get("external", {})
     if not existing.get("existingSecret"):
         assert rendered.secret_value(store_secret, store_key).startswith("postgresql")
-    if rendered.all("Job"):  # the Airflow pods get the same secret env as the migration job
+    if rendered.all("Job"):  # the Airflow pods get the migration job's secret env, and the
+        # finalckpt CLI's Airflow login (the jobs do not call Airflow's API)
         job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-        assert secrets == {k: v for k, v in job_env.items() if isinstance(v, tuple)}
+        cli_login = {"AIRFLOW__FINALCKPT__API_USERNAME", "AIRFLOW__FINALCKPT__API_PASSWORD"}
+        cli_login.add("AIRFLOW__FINALCKPT__API_TOKEN")
+        job_secrets = {k: v for k, v in job_env.items() if isinstance(v, tuple)}
+        assert {k: v for k, v in secrets.items() if k not in cli_login} == job_secrets
+        assert not cli_login & set(job_env)
     volumes = {v["name"]: v for v in official["volumes"]}
     assert {m["name"] for m in official["volumeMounts"]} == set(volumes)
     assert rendered.has("ConfigMap", volumes["finalckpt-spark-conf"]["configMap"]["name"])

@@ -161,6 +161,41 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str, str]] = {
         "'/settings/checkpointIntervalS'",
         "got string, want number",
     ),
+    "cli api url without scheme": (
+        {"airflow": {"api": {"url": "airflow-api-server:8080"}}},
+        "'/airflow/api/url'",
+        "'airflow-api-server:8080' does not match pattern",
+    ),
+    "cli api token key without secret": (
+        {"airflow": {"api": {"tokenKey": "token"}}},
+        "'/airflow/api/existingSecret'",
+        "minLength: got 0, want 1",
+    ),
+    "cli api secret name invalid": (
+        {"airflow": {"api": {"existingSecret": "Airflow_Login"}}},
+        "'/airflow/api/existingSecret'",
+        "'Airflow_Login' does not match pattern",
+    ),
+    "cli api password key empty": (
+        {"airflow": {"api": {"existingSecret": "airflow-login", "passwordKey": ""}}},
+        "'/airflow/api/passwordKey'",
+        "'' does not match pattern",
+    ),
+    "cli api password as a value": (
+        {"airflow": {"api": {"existingSecret": "airflow-login", "password": "admin"}}},
+        "'/airflow/api'",
+        "additional properties 'password' not allowed",
+    ),
+    "cli api password in the settings configmap": (
+        {"settings": {"extra": {"api_password": "admin"}}},
+        "'/settings/extra/api_password'",
+        "false schema",
+    ),
+    "store url in the settings configmap": (
+        {"settings": {"extra": {"store_url": "postgresql://u:p@h/db"}}},
+        "'/settings/extra/store_url'",
+        "false schema",
+    ),
     "api server url malformed": (
         {"airflow": {"apiServerUrl": "airflow.example.com"}},
         "'/airflow/apiServerUrl'",
@@ -209,8 +244,11 @@ def test_every_default_value_is_declared_in_the_schema() -> None:
         props = node.get("properties", {})
         for key, value in values.items():
             assert key in props, f"{path}{key} is not declared in values.schema.json"
+            node_extra = props[key].get("additionalProperties")
+            if isinstance(node_extra, dict):  # a typed map (settings.extra): open on purpose
+                continue
             if isinstance(value, dict) and "properties" in props[key]:
-                assert props[key].get("additionalProperties") is False, f"{path}{key}"
+                assert node_extra is False, f"{path}{key}"
                 walk(value, props[key], f"{path}{key}.")
 
     assert schema["additionalProperties"] is False

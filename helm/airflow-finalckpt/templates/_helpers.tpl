@@ -89,6 +89,39 @@ true
 {{- end }}
 
 {{/*
+The finalckpt CLI's way to Airflow's REST API (finalckpt restore): the official chart's
+api-server Service inside the cluster (port 8080, its ports.apiServer default) unless
+airflow.api.url says otherwise.
+*/}}
+{{- define "finalckpt.apiUrl" -}}
+{{- $api := .Values.airflow.api | default dict }}
+{{- $api.url | default (printf "http://%s-api-server.%s.svc:8080" .Values.airflow.releaseName .Release.Namespace) | trimSuffix "/" }}
+{{- end }}
+
+{{/*
+The CLI's Airflow login as entries of the official chart's `secret` list (env from a Secret
+key, never a value in a ConfigMap): a token key, else the username and password keys; nothing
+without airflow.api.existingSecret.
+*/}}
+{{- define "finalckpt.apiLoginSecretEnv" -}}
+{{- $api := .Values.airflow.api | default dict }}
+{{- if $api.existingSecret }}
+{{- if $api.tokenKey }}
+- envName: AIRFLOW__FINALCKPT__API_TOKEN
+  secretName: {{ $api.existingSecret }}
+  secretKey: {{ $api.tokenKey }}
+{{- else }}
+- envName: AIRFLOW__FINALCKPT__API_USERNAME
+  secretName: {{ $api.existingSecret }}
+  secretKey: {{ $api.usernameKey | default "username" }}
+- envName: AIRFLOW__FINALCKPT__API_PASSWORD
+  secretName: {{ $api.existingSecret }}
+  secretKey: {{ $api.passwordKey | default "password" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Checkpoint storage.
 */}}
 {{- define "finalckpt.pvcName" -}}
@@ -222,7 +255,8 @@ affinity:
 
 {{/*
 The values to merge into the official apache-airflow chart (printed by NOTES, used in
-docs/operations.md): the plugin image, env from our ConfigMap and Secrets, and the volumes.
+docs/operations.md): the plugin image, env from our ConfigMap and Secrets (the store URL, object
+store credentials, the CLI's Airflow login), and the volumes.
 */}}
 {{- define "finalckpt.officialChartValues" -}}
 images:
@@ -242,6 +276,9 @@ secret:
     secretName: {{ $creds.existingSecret }}
     secretKey: {{ get $creds.env $envName }}
 {{- end }}
+{{- end }}
+{{- with include "finalckpt.apiLoginSecretEnv" . | trim }}
+  {{- . | nindent 2 }}
 {{- end }}
 volumes:
   {{- include "finalckpt.volumes" . | nindent 2 }}
