@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from chart_helpers import NAMESPACE, RELEASE, Rendered, container_env, pod_spec
+import yaml
+from chart_helpers import NAMESPACE, RELEASE, REPO, Rendered, container_env, pod_spec
 from test_chart_render import SCENARIOS
 
 Render = Callable[..., Rendered]
@@ -145,3 +146,20 @@ def test_the_cli_reads_the_rendered_url_and_login(
         "api-token-secret": ("eyJ.token", None, None),
     }[scenario]
     assert (settings.token, settings.username, settings.password) == expected
+
+
+# --------------------------------------------------------------------------- the guide
+
+
+def test_operations_guide_example_gives_the_cli_its_login(render: Render) -> None:
+    """docs/operations.md's production-like values render, with the CLI's login Secret, and the
+    guide names the URL the chart sets by default."""
+    guide = (REPO / "docs" / "operations.md").read_text()
+    start = guide.index("# finalckpt-values.yaml\n")
+    values = yaml.safe_load(guide[start : guide.index("```\n", start)])
+    rendered = render(values)
+    env = secret_env(rendered)
+    assert env[API_ENV["username"]] == (LOGIN_SECRET, "username")
+    assert env[API_ENV["password"]] == (LOGIN_SECRET, "password")
+    assert rendered.config()[API_ENV["url"]] in guide
+    assert f"--set airflow.api.existingSecret={LOGIN_SECRET}" in guide
