@@ -127,10 +127,50 @@ def test_airflow_plugins_cli_lists_it(airflow_home: Any, tmp_path: Path) -> None
         timeout=180,
     )
 
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    start = proc.stdout.index("[")
-    listed = json.loads(proc.stdout[start:])
-    ours = [p for p in listed if p["name"] == "finalckpt"]
-    assert len(ours) == 1, proc.stdout[-3000:]
+    output = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, output
+    ours = [p for p in plugins_listed(proc.stdout) if p["name"] == "finalckpt"]
+    assert len(ours) == 1, output
     assert ENTRY_POINT in ours[0]["source"]
     assert "Failed to import plugin" not in proc.stdout + proc.stderr
+
+
+def plugins_listed(stdout: str) -> list[dict[str, Any]]:
+    """The list ``airflow plugins --output json`` prints. Airflow 3's CLI writes its own log
+    lines to stdout too, in structlog's console format (``<time> [warning  ] <message>
+    [<logger>]``), before and after the listing, which AirflowConsole prints on one line (soft
+    wrap): the listing is the line that is a JSON array, not whatever follows the first "[".
+    """
+    for line in stdout.splitlines():
+        if not line.startswith("["):
+            continue
+        try:
+            document = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(document, list):
+            return document
+    raise AssertionError(f"no JSON list in the output of `airflow plugins`:\n{stdout[-3000:]}")
+
+
+#: What `airflow plugins --output json` printed with a deprecated option set (shortened): a log
+#: line of Airflow's own before the listing, and one after it.
+_LOGGED_THEN_LISTED = (
+    "2026-11-24T22:48:42.502967Z [warning  ] The secret_key option in [webserver] has been moved "
+    "to the secret_key option in [api] [py.warnings] category=DeprecationWarning\n"
+    '[{"name": "finalckpt", "listeners": ["airflow_finalckpt.listeners.dag_run_notes"], '
+    '"source": "airflow-finalckpt==0.1.0: EntryPoint(name=\'finalckpt\')"}]\n'
+    "2026-11-24T22:48:49.100000Z [info     ] shutting down [airflow.settings]\n"
+)
+
+
+def test_plugins_listing_is_found_between_airflow_log_lines() -> None:
+    """The cause of this module's flaky CLI test: any warning Airflow logged to stdout before the
+    listing (it takes the first "[" of stdout, here the log level's) broke the old parse."""
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(_LOGGED_THEN_LISTED[_LOGGED_THEN_LISTED.index("[") :])
+    listed = plugins_listed(_LOGGED_THEN_LISTED)
+    assert [p["name"] for p in listed] == ["finalckpt"]
+    assert listed[0]["listeners"] == ["airflow_finalckpt.listeners.dag_run_notes"]
+    with pytest.raises(AssertionError, match=r"(?s)no JSON list.*\[warning  \]"):
+        plugins_listed(_LOGGED_THEN_LISTED.splitlines()[0])
