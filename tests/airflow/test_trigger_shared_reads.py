@@ -170,9 +170,10 @@ def test_waiters_share_reads_and_fire_the_right_events(
         assert count.coordinator_polls == polls_before
         reads = (count.statements - statements_before) / 5
         assert reads <= 1.0 / POLL + 3, f"{reads} snapshot reads in 1 s for 11 waiters"
-        # busy's next batch acknowledges (and completes) every eager checkpoint.
+        # busy's next batch acknowledges (and completes) the one eager checkpoint the 12
+        # finishes share (coalescing).
         outcome = await asyncio.to_thread(store.coordinator.record_batch, "busy", busy)
-        assert len(outcome.completed) == 12
+        assert len(outcome.completed) == 1
         return [(await r).payload for r in runs]
 
     events = {e["stage_id"]: e for e in asyncio.run(scenario())}
@@ -198,8 +199,9 @@ def test_an_aborted_final_checkpoint_is_replaced_by_one_waiter(
     """The snapshot shows write work (no candidate checkpoint left): the coordinator triggers
     one replacement, and every waiter closes on it."""
     epochs, busy = waiting_pipeline(store, 5)
-    for info in store.coordinator.checkpoints():
-        store.coordinator.abort(info.checkpoint_id, "test")
+    aborted = [info.checkpoint_id for info in store.coordinator.checkpoints()]
+    for cid in aborted:
+        store.coordinator.abort(cid, "test")
     count = Counter(shared_engine(store.url), monkeypatch)
     triggers = [store.final_trigger(sid, epoch) for sid, epoch in epochs.items()]
 
@@ -216,7 +218,7 @@ def test_an_aborted_final_checkpoint_is_replaced_by_one_waiter(
 
     (replacement,) = {e["checkpoint_id"] for e in events}
     assert {e["status"] for e in events} == {"closable"}
-    assert replacement > 5
+    assert replacement > max(aborted)  # the 5 finishes shared one eager checkpoint
     assert count.coordinator_polls >= 5  # each asked the coordinator before the close
 
 
