@@ -47,11 +47,16 @@ def may_trigger(reason: TriggerReason, stop: StopRequest | None, has_pending: bo
 
 
 def live_progress(graph: StageGraph, rows: Mapping[str, StageRow]) -> dict[str, StageProgress]:
-    """What the plan calculator needs of each stage of ``graph``."""
+    """What the plan calculator needs of each stage of ``graph``. A row read without its
+    progress (a finished stage, ``StoreReader.plan_rows``) gives no split ids: the plan records
+    a finished stage as a flag, so its progress is neither parsed nor needed.
+    """
     return {
         sid: StageProgress(
             lifecycle=row.lifecycle,
-            finished_splits=row.progress.finished_splits,
+            finished_splits=(
+                frozenset() if row.progress_data is None else row.progress.finished_splits
+            ),
             total_splits=row.total_splits,
         )
         for sid, row in rows.items()

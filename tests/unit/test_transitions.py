@@ -5,6 +5,7 @@ what a completed checkpoint records, subsumption, retention, expiry, the stop a 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -140,6 +141,19 @@ def test_a_stage_with_two_upstreams_is_a_trigger_source_once_both_finished() -> 
 def test_live_progress_ignores_stages_the_graph_no_longer_has() -> None:
     rows = {"a": row("a"), "gone": row("gone")}
     assert set(rules.live_progress(graph({"a": ()}), rows)) == {"a"}
+
+
+def test_live_progress_of_a_row_read_without_its_progress() -> None:
+    """plan_rows leaves a finished stage's progress out: no split ids, still FULLY_FINISHED."""
+    g = graph({"a": (), "b": ("a",)})
+    done = replace(row("a", StageLifecycle.CLOSED, splits=("a0",)), progress_data=None)
+    rows = {"a": done, "b": row("b", splits=("b0",))}
+    live = rules.live_progress(g, rows)
+    assert live["a"].finished_splits == frozenset()
+    assert live["b"].finished_splits == frozenset({"b0"})
+    plan = calculate_plan(g, live)
+    assert plan.statuses["a"] is StageStatus.FULLY_FINISHED
+    assert plan.partially_finished == {"b": frozenset({"b0"})}
 
 
 # ---------------------------------------------------------------------------------- ack
