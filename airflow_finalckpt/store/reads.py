@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Connection, RowMapping, case, func, null, select, type_coerce
+from sqlalchemy import JSON, case, func, null, select, type_coerce
 
 from airflow_finalckpt.core.errors import (
     IllegalTransitionError,
-    UnknownCheckpointError,
     UnknownPipelineError,
     UnknownStageError,
 )
@@ -24,12 +23,8 @@ from airflow_finalckpt.core.model import (
     StageLifecycle,
     StageSnapshot,
     TransactionState,
-    TriggerReason,
 )
-from airflow_finalckpt.core.transitions_eager import PendingCheckpoint
 from airflow_finalckpt.core.views import (
-    AckRow,
-    AckTarget,
     CheckpointInfo,
     PipelineSnapshot,
     StageRow,
@@ -40,6 +35,7 @@ from airflow_finalckpt.core.views import (
 )
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.reads_acks import AckReader
 
 #: States of a checkpoint that can still close a finished stage (in flight or done).
 CANDIDATE_STATES = (
@@ -51,12 +47,8 @@ CANDIDATE_STATES = (
 RUNNING_STATES = (StageLifecycle.RUNNING.value, StageLifecycle.SUSPENDED.value)
 
 
-class StoreReader:
-    """Reads of one pipeline's rows over ``conn``."""
-
-    def __init__(self, conn: Connection, pipeline_key: str) -> None:
-        self.conn = conn
-        self.key = pipeline_key
+class StoreReader(AckReader):
+    """Reads of one pipeline's rows over ``conn`` (the acknowledgement reads: ``AckReader``)."""
 
     # ------------------------------------------------------------------ pipeline
 
@@ -172,69 +164,9 @@ class StoreReader:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _checkpoint(self, checkpoint_id: int, *columns: Any) -> RowMapping:
-        row = (
-            self.conn.execute(
-                select(*(columns or (t.checkpoints,))).where(
-                    t.checkpoints.c.pipeline_key == self.key,
-                    t.checkpoints.c.checkpoint_id == checkpoint_id,
-                )
-            )
-            .mappings()
-            .first()
-        )
-        if row is None:
-            raise UnknownCheckpointError(f"pipeline {self.key!r} has no checkpoint {checkpoint_id}")
-        return row
-
     def checkpoint(self, checkpoint_id: int) -> CheckpointInfo:
         """One checkpoint; UnknownCheckpointError if there is none."""
         return r.checkpoint_info(self._checkpoint(checkpoint_id))
-
-    def ack_target(self, checkpoint_id: int, stage_id: str) -> AckTarget:
-        """What an acknowledgement of ``checkpoint_id`` by ``stage_id`` decides on, in one
-        statement over O(1) rows (the checkpoint's counters, the stage's rows in
-        ``finalckpt_acks_due`` and, by the stage index, ``finalckpt_acks``), never the plan's
-        JSON.
-        """
-        c, due, acks = t.checkpoints.c, t.acks_due.c, t.acks.c
-
-        def exists(table: Any, cols: Any) -> Any:
-            return (
-                select(cols.stage_id)
-                .where(
-                    cols.pipeline_key == c.pipeline_key,
-                    cols.checkpoint_id == c.checkpoint_id,
-                    cols.stage_id == stage_id,
-                )
-                .correlate(t.checkpoints)
-                .exists()
-            )
-
-        newest = (
-            select(func.max(acks.checkpoint_id))
-            .where(acks.pipeline_key == c.pipeline_key, acks.stage_id == stage_id)
-            .correlate(t.checkpoints)
-            .scalar_subquery()
-        )
-        row = self._checkpoint(
-            checkpoint_id,
-            c.state,
-            c.acks_pending,
-            c.triggered_at,
-            exists(t.acks_due, due).label("due"),
-            exists(t.acks, acks).label("acked"),
-            newest.label("newest_acked"),
-        )
-        newest_acked = row["newest_acked"]
-        return AckTarget(
-            state=CheckpointState(row["state"]),
-            acks_pending=int(row["acks_pending"]),
-            triggered_at=float(row["triggered_at"]),
-            due=bool(row["due"]),
-            acked=bool(row["acked"]),
-            newest_acked=None if newest_acked is None else int(newest_acked),
-        )
 
     def checkpoint_state(self, checkpoint_id: int) -> CheckpointState | None:
         """The checkpoint's state, None if it does not exist."""
@@ -312,77 +244,6 @@ class StoreReader:
         rows = self._pending_with(t.checkpoints.c.kind)
         return [(int(cid), CheckpointKind(kind)) for cid, kind in rows]
 
-    def awaiting(self, stage_id: str) -> list[int]:
-        """Pending checkpoints that wait for ``stage_id``'s acknowledgement, oldest first
-        (its rows in ``finalckpt_acks_due``, by the stage index).
-        """
-        due, cks = t.acks_due, t.checkpoints
-        rows = self.conn.execute(
-            select(due.c.checkpoint_id)
-            .join(
-                cks,
-                (cks.c.pipeline_key == due.c.pipeline_key)
-                & (cks.c.checkpoint_id == due.c.checkpoint_id),
-            )
-            .where(
-                due.c.pipeline_key == self.key,
-                due.c.stage_id == stage_id,
-                cks.c.state == CheckpointState.PENDING.value,
-            )
-            .order_by(due.c.checkpoint_id)
-        ).scalars()
-        return [int(cid) for cid in rows]
-
-    def pending_for_finish(self, stage_id: str) -> list[PendingCheckpoint]:
-        """Every pending checkpoint as a finish of ``stage_id`` decides on it (whether it waits
-        for the stage, whether the stage acknowledged it), oldest first: O(pending) rows.
-        """
-        cks, due, acks = t.checkpoints, t.acks_due, t.acks
-        waits = (
-            select(due.c.stage_id)
-            .where(
-                due.c.pipeline_key == cks.c.pipeline_key,
-                due.c.checkpoint_id == cks.c.checkpoint_id,
-                due.c.stage_id == stage_id,
-            )
-            .correlate(cks)
-            .exists()
-        )
-        answered = (
-            select(acks.c.stage_id)
-            .where(
-                acks.c.pipeline_key == cks.c.pipeline_key,
-                acks.c.checkpoint_id == cks.c.checkpoint_id,
-                acks.c.stage_id == stage_id,
-            )
-            .correlate(cks)
-            .exists()
-        )
-        rows = self.conn.execute(
-            select(
-                cks.c.checkpoint_id,
-                cks.c.kind,
-                cks.c.reason,
-                waits.label("waits"),
-                answered.label("answered"),
-            )
-            .where(
-                cks.c.pipeline_key == self.key,
-                cks.c.state == CheckpointState.PENDING.value,
-            )
-            .order_by(cks.c.checkpoint_id)
-        ).all()
-        return [
-            PendingCheckpoint(
-                checkpoint_id=int(row.checkpoint_id),
-                kind=CheckpointKind(row.kind),
-                reason=TriggerReason(row.reason),
-                waits_for_stage=bool(row.waits),
-                acked_by_stage=bool(row.answered),
-            )
-            for row in rows
-        ]
-
     def first_completed_from(self, threshold: int | None) -> int | None:
         """The lowest checkpoint >= ``threshold`` that completed (discarded since or not)."""
         cid = self.conn.execute(
@@ -436,39 +297,6 @@ class StoreReader:
         )
 
     # ------------------------------------------------------------------ acknowledgements
-
-    def acks(self, checkpoint_id: int) -> dict[str, AckRow]:
-        """The acknowledgements of a checkpoint, by stage id."""
-        return {
-            row["stage_id"]: AckRow(
-                row["stage_id"], bool(row["by_finish"]), parse_snapshot(row["snapshot"])
-            )
-            for row in self.conn.execute(
-                select(t.acks).where(
-                    t.acks.c.pipeline_key == self.key, t.acks.c.checkpoint_id == checkpoint_id
-                )
-            ).mappings()
-        }
-
-    def acked(self, checkpoint_id: int, stage_id: str) -> bool:
-        """Has the stage acknowledged this checkpoint?"""
-        found = self.conn.execute(
-            select(t.acks.c.stage_id).where(
-                t.acks.c.pipeline_key == self.key,
-                t.acks.c.checkpoint_id == checkpoint_id,
-                t.acks.c.stage_id == stage_id,
-            )
-        ).first()
-        return found is not None
-
-    def newest_ack(self, stage_id: str) -> int | None:
-        """The newest checkpoint the stage acknowledged."""
-        cid = self.conn.execute(
-            select(func.max(t.acks.c.checkpoint_id)).where(
-                t.acks.c.pipeline_key == self.key, t.acks.c.stage_id == stage_id
-            )
-        ).scalar()
-        return None if cid is None else int(cid)
 
     # ------------------------------------------------------------------ transactions
 
@@ -589,28 +417,6 @@ class StoreReader:
             stop=stop,
             pending=tuple(pending),
         )
-
-    def pending_ack_snapshots(self) -> list[tuple[int, AckRow]]:
-        """(checkpoint id, acknowledgement) of every acknowledgement of a pending checkpoint:
-        what garbage collection must keep (they will be recorded as is).
-        """
-        acks, cks = t.acks, t.checkpoints
-        query = (
-            select(acks.c.checkpoint_id, acks.c.stage_id, acks.c.by_finish, acks.c.snapshot)
-            .join(
-                cks,
-                (cks.c.pipeline_key == acks.c.pipeline_key)
-                & (cks.c.checkpoint_id == acks.c.checkpoint_id),
-            )
-            .where(
-                acks.c.pipeline_key == self.key,
-                cks.c.state == CheckpointState.PENDING.value,
-            )
-        )
-        return [
-            (int(cid), AckRow(str(sid), bool(by_finish), parse_snapshot(snapshot)))
-            for cid, sid, by_finish, snapshot in self.conn.execute(query).all()
-        ]
 
     # ------------------------------------------------------------------ completion (metadata v2)
 
