@@ -7,7 +7,8 @@ threshold, committing the transactions that checkpoint covers. So every checkpoi
 threshold must hold the stage's *final* snapshot, never an earlier one. Triggering a new
 checkpoint after the finish guarantees that trivially (the old rule: threshold = next id). A
 pending checkpoint J guarantees it too, when the stage has not acknowledged J, nor any pending
-checkpoint after J, at a batch boundary: the finish then acknowledges every pending checkpoint
+checkpoint after J, at a batch boundary (and every one of them plans the stage): the finish
+then acknowledges every pending checkpoint
 from J on with its final snapshot (those that wait for it, as before, and, as a *join*, those
 that planned it as not started because it started after they were triggered). Checkpoints
 triggered later record it FULLY_FINISHED anyway. Acknowledgements of other stages do not
@@ -38,6 +39,14 @@ class PendingCheckpoint:
     waits_for_stage: bool
     #: The stage acknowledged it already (at a batch boundary, with a pre-finish snapshot).
     acked_by_stage: bool
+    #: Its plan records the stage (False: the stage joined the graph after it was triggered,
+    #: a changed DAG continuing the pipeline; it can never hold the stage).
+    plans_stage: bool = True
+
+    @property
+    def cannot_hold_final(self) -> bool:
+        """It holds a snapshot of the stage from before the finish, or none at all."""
+        return self.acked_by_stage or not self.plans_stage
 
     @property
     def eager(self) -> bool:
@@ -62,10 +71,11 @@ class FinishJoin:
 
 def join_target(pending: Sequence[PendingCheckpoint]) -> int | None:
     """The pending eager checkpoint a finishing stage joins: the oldest one after every pending
-    checkpoint the stage already acknowledged; None: trigger a new one.
+    checkpoint that cannot hold its final snapshot (the stage acknowledged it already, or its
+    plan does not know the stage); None: trigger a new one.
     """
-    acked = [p.checkpoint_id for p in pending if p.acked_by_stage]
-    after = max(acked, default=None)
+    blocked = [p.checkpoint_id for p in pending if p.cannot_hold_final]
+    after = max(blocked, default=None)
     for p in sorted(pending, key=lambda c: c.checkpoint_id):
         if p.eager and (after is None or p.checkpoint_id > after):
             return p.checkpoint_id

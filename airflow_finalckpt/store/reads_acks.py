@@ -137,6 +137,8 @@ class AckReader:
                 cks.c.reason,
                 waits.label("waits"),
                 answered.label("answered"),
+                # the plan's status of the stage, through a JSON path (NULL: not in the plan)
+                cks.c.plan["statuses"][stage_id].as_string().label("planned"),
             )
             .where(
                 cks.c.pipeline_key == self.key,
@@ -151,6 +153,7 @@ class AckReader:
                 reason=TriggerReason(row.reason),
                 waits_for_stage=bool(row.waits),
                 acked_by_stage=bool(row.answered),
+                plans_stage=row.planned is not None,
             )
             for row in rows
         ]

@@ -191,3 +191,26 @@ def test_a_joined_finish_acknowledges_once(engine: Engine) -> None:
     assert again.threshold == eager
     assert coord.acknowledge(eager, "b", b) is AckOutcome.DUPLICATE
     assert coord.checkpoint(eager).acks_pending == 1
+
+
+def test_a_stage_the_pending_checkpoint_does_not_plan_triggers_its_own(engine: Engine) -> None:
+    """A changed DAG continues the pipeline with a new stage while eager checkpoint 1 (planned
+    without it) is pending: the new stage's finish cannot join 1, it triggers 2."""
+    coord, writer = make(engine, ["a", "busy"])
+    busy = coord.start_attempt("busy").epoch
+    a = coord.start_attempt("a").epoch
+    first = coord.finish("a", a, final("a")).eager_checkpoint_id
+    assert first is not None
+    coord.start_pipeline(StageGraph.build(Stage(sid, ()) for sid in ["a", "busy", "new"]))
+    assert "new" not in coord.checkpoint(first).plan.statuses
+    new = coord.start_attempt("new").epoch
+    fin = coord.finish("new", new, final("new", "new-t"))
+    assert fin.threshold == fin.eager_checkpoint_id
+    assert fin.threshold > first
+    assert coord.record_batch("busy", busy, finished_splits=["b-0"]).completed == (
+        first,
+        fin.threshold,
+    )
+    assert "new" not in writer.records[first].stages
+    assert writer.records[fin.threshold].stages["new"].status is StageStatus.FULLY_FINISHED
+    assert coord.closable_checkpoint("new") == fin.threshold

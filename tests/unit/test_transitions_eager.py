@@ -91,3 +91,20 @@ def test_every_pending_checkpoint_from_the_threshold_on_gets_the_final_snapshot(
 def test_the_input_order_does_not_matter() -> None:
     got = [pending(8, waits=True, acked=False), pending(7, waits=False, acked=False)]
     assert finish_acks(got, may_join=True) == FinishJoin(7, (7, 8), (7,))
+
+
+def test_no_join_before_a_checkpoint_whose_plan_lacks_the_stage() -> None:
+    """A stage added by a changed DAG after 7 and 8 were triggered: neither can hold it, so it
+    never closes on them; with 9 planning it, 9 is joined."""
+    lacking = [
+        PendingCheckpoint(
+            7, *EAGER, waits_for_stage=False, acked_by_stage=False, plans_stage=False
+        ),
+        PendingCheckpoint(
+            8, *EAGER, waits_for_stage=False, acked_by_stage=False, plans_stage=False
+        ),
+    ]
+    assert join_target(lacking) is None
+    assert join_target([*lacking, pending(9, waits=False, acked=False)]) == 9
+    # one that lacks it after the candidate blocks the candidate too
+    assert join_target([pending(6, waits=True, acked=False), lacking[0]]) is None
