@@ -329,7 +329,7 @@ class Coordinator(CoordinatorReads):
             tx.rows.update_stage(stage_id, change, now)
             self._ops.answer_finish(tx, stage_id, epoch, join)
             eager = self._ops.eager_trigger(tx) if join is None else join.threshold
-            return FinishOutcome(threshold, eager, eod)
+            return FinishOutcome(threshold, eager, eod, joined=join is not None)
 
     def ensure_final_checkpoint(self, stage_id: str) -> int | None:
         """Make sure a finished stage has a checkpoint in flight that can close it.

@@ -102,12 +102,14 @@ class BatchOutcome:
 @dataclass(frozen=True)
 class FinishOutcome:
     """``threshold``: the first checkpoint id triggered after finish; the stage closes on a
-    completed checkpoint >= it. ``eager_checkpoint_id``: the checkpoint finishing triggered.
+    completed checkpoint >= it. ``eager_checkpoint_id``: the checkpoint finishing triggered,
+    or the pending eager one it joined (``joined``: coalescing, nothing new was triggered).
     """
 
     threshold: int
     eager_checkpoint_id: int | None
     end_of_data: EndOfData
+    joined: bool = False
 
 
 @dataclass(frozen=True)

@@ -417,13 +417,14 @@ class StageRunner:
         metrics.stage_finished(self.spec.stage_id)
         self.log.info(
             "stage %s finished (%s): %d splits processed in this attempt, %d parts; final "
-            "checkpoint is the first completed checkpoint >= %d (eager checkpoint %s triggered)",
+            "checkpoint is the first completed checkpoint >= %d (eager checkpoint %s %s)",
             self.spec.stage_id,
             "drained" if drain else "end of input",
             len(tracker.processed),
             len(manifest),
             result.threshold,
             result.eager_checkpoint_id,
+            "joined" if result.joined else "triggered",
         )
         return RunResult(
             RunStatus.FINISHED,

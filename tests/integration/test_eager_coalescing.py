@@ -92,6 +92,7 @@ def test_simultaneous_finishes_share_one_eager_checkpoint(engine: Engine) -> Non
     assert first is not None
     assert [o.threshold for o in outcomes] == [first] * len(finishing)
     assert [o.eager_checkpoint_id for o in outcomes] == [first] * len(finishing)
+    assert [o.joined for o in outcomes] == [False] + [True] * (len(finishing) - 1)
     assert [o.end_of_data.finished_at_checkpoint for o in outcomes] == [first] * len(finishing)
     assert pending_ids(coord) == [first]
     assert due_rows(engine) == [(first, "busy")]  # the finishes answered it
@@ -122,7 +123,7 @@ def test_a_stage_started_after_the_trigger_joins_it(engine: Engine) -> None:
     assert coord.pending_for("late") == []
     # ...but its finish joins it with its final snapshot instead of triggering another one.
     fin = coord.finish("late", late, final("late", "late-t"))
-    assert (fin.threshold, fin.eager_checkpoint_id) == (eager, eager)
+    assert (fin.threshold, fin.eager_checkpoint_id, fin.joined) == (eager, eager, True)
     assert pending_ids(coord) == [eager]
     assert coord.checkpoint(eager).acks_pending == 1  # still waits for busy only
     assert coord.record_batch("busy", busy, finished_splits=["b-0"]).completed == (eager,)
