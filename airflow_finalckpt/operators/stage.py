@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import BaseOperator
 
 from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, policy_from
@@ -30,6 +30,16 @@ from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.operators.links import PipelinePageLink
+from airflow_finalckpt.operators.publishing import (
+    END_OF_DATA_KEY,
+    STAGE_RUN_KEY,
+    announce_commit,
+    commit_extra,
+    declared_splits,
+    primary_splits,
+    publish_end_of_data,
+    upstream_manifests,
+)
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
@@ -53,9 +63,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-END_OF_DATA_KEY = "end_of_data"
-#: What this attempt did (status, splits processed, whether Spark was started): the run's record.
-STAGE_RUN_KEY = "stage_run"
+__all__ = [  # the XCom keys and publishing helpers keep their former import path
+    "END_OF_DATA_KEY",
+    "SPARK_SUBMISSION_KEY",
+    "STAGE_RUN_KEY",
+    "FinalCheckpointStageOperator",
+    "StageRun",
+    "commit_extra",
+    "coordinator_options",
+    "default_pipeline_key",
+    "hints_scope",
+    "primary_splits",
+]
+
 #: A stage run through spark-submit: its submission id, driver epoch and Spark application id.
 SPARK_SUBMISSION_KEY = "spark_submission"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
@@ -91,45 +111,6 @@ def hints_scope(dag_id: str) -> str:
 def default_pipeline_key(dag_id: str, run_id: str) -> str:
     """One pipeline run per DAG run unless the conf names one (``pipeline_key``)."""
     return _UNSAFE.sub("-", f"{dag_id}.{run_id}")[:200]
-
-
-def primary_splits(
-    stage_id: str, primary_input: str | None, manifests: Mapping[str, list[str]]
-) -> list[str]:
-    """A stage without own splits reads its primary input's output parts (by default: its only
-    upstream stage's).
-    """
-    primary = primary_input
-    if primary is None:
-        if len(manifests) != 1:
-            raise StageDefinitionError(
-                f"stage {stage_id!r} needs `splits` (a source stage) or `primary_input` "
-                f"(it has {len(manifests)} upstream stages)"
-            )
-        primary = next(iter(manifests))
-    if primary not in manifests:
-        raise StageDefinitionError(
-            f"stage {stage_id!r}: primary_input {primary!r} is not an upstream stage"
-        )
-    return manifests[primary]
-
-
-def commit_extra(coordinator: CoordinatorPort, stage_id: str) -> dict[str, Any]:
-    """The extra of a closed stage's Asset events: the pipeline, the checkpoint the stage
-    closed on and the rows its committed transactions wrote (per sink and in all).
-    """
-    view = coordinator.stage(stage_id)
-    rows: dict[str, int] = {}
-    for txn, state in coordinator.transactions(stage_id):
-        if state == "COMMITTED":
-            rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
-    return {
-        "pipeline_key": coordinator.pipeline_key,
-        "stage_id": stage_id,
-        "checkpoint_id": view.closed_checkpoint_id,
-        "rows": sum(rows.values()),
-        "rows_by_sink": rows,
-    }
 
 
 class FinalCheckpointStageOperator(BaseOperator):
@@ -461,41 +442,12 @@ class FinalCheckpointStageOperator(BaseOperator):
     def _publish(
         self, context: Context, eod: EndOfData, coordinator: CoordinatorPort | None = None
     ) -> dict[str, Any]:
-        self._announce_commit(context, coordinator)
-        doc = eod.model_dump(mode="json")
-        context["ti"].xcom_push(key=END_OF_DATA_KEY, value=doc)
-        self.log.info(
-            "stage %s committed: end_of_data drain=%s, %d output parts, finished at checkpoint %s",
-            self.stage_id,
-            eod.drain,
-            len(eod.manifest),
-            eod.finished_at_checkpoint,
-        )
-        return doc
-
-    def _announce_commit(self, context: Context, coordinator: CoordinatorPort | None) -> None:
-        """Asset events mark committed data: one per commit, emitted by the success of the
-        attempt that made it visible, never by a re-published end_of_data (a CLOSED stage in a
-        continuation run would make Asset-scheduled DAGs run again on no new data). The event
-        extra names the pipeline, the checkpoint the stage closed on and the rows committed.
-        """
-        if not self.outlets:
-            return
-        if getattr(self, "_republish", False):
-            self.log.info(
-                "stage %s was committed by an earlier DAG run: end_of_data re-published, no "
-                "Asset event for %s",
-                self.stage_id,
-                ", ".join(str(getattr(o, "name", o)) for o in self.outlets),
-            )
+        republish = getattr(self, "_republish", False)
+        if announce_commit(
+            context, self.outlets, coordinator, self.stage_id, republish=republish, log=self.log
+        ):
             self.outlets = []  # Airflow emits the events of ti.task.outlets at success
-            return
-        if coordinator is None:
-            return
-        extra = commit_extra(coordinator, self.stage_id)
-        for outlet in self.outlets:
-            if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra.update(extra)
+        return publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
 
     def _log_resume_point(self, coordinator: Coordinator) -> None:
         latest = coordinator.latest_completed()
@@ -510,19 +462,10 @@ class FinalCheckpointStageOperator(BaseOperator):
         )
 
     def _splits(self, context: Context) -> tuple[list[str], dict[str, list[str]]]:
-        manifests: dict[str, list[str]] = {}
-        for up in self._upstream_stage_tasks():
-            doc = context["ti"].xcom_pull(task_ids=up.task_id, key=END_OF_DATA_KEY)
-            if doc is None:
-                raise FinalCheckpointError(
-                    f"stage {self.stage_id!r}: upstream stage {up.stage_id!r} published no "
-                    "end_of_data; it must succeed first"
-                )
-            manifests[up.stage_id] = list(EndOfData.model_validate(doc).manifest)
-        if self.splits is not None:
-            splits = self.splits() if callable(self.splits) else self.splits
-            return list(splits), manifests
-        return primary_splits(self.stage_id, self.primary_input, manifests), manifests
+        upstream = [(up.task_id, up.stage_id) for up in self._upstream_stage_tasks()]
+        manifests = upstream_manifests(context["ti"], self.stage_id, upstream)
+        splits = declared_splits(self.stage_id, self.splits, self.primary_input, manifests)
+        return splits, manifests
 
     def _transform(self) -> Transform:
         if self.transform is None:

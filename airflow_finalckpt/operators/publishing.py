@@ -1,0 +1,142 @@
+"""What a stage task publishes and reads through Airflow: the ``end_of_data`` XCom its
+downstream stages read their splits from, the attempt's run record, and the Asset events of a
+commit. Plain functions over the task's values, so the operator only wires them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import Asset
+
+from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
+from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.ports import CoordinatorPort
+
+END_OF_DATA_KEY = "end_of_data"
+#: What this attempt did (status, splits processed, whether Spark was started): the run's record.
+STAGE_RUN_KEY = "stage_run"
+
+
+def primary_splits(
+    stage_id: str, primary_input: str | None, manifests: Mapping[str, list[str]]
+) -> list[str]:
+    """A stage without own splits reads its primary input's output parts (by default: its only
+    upstream stage's).
+    """
+    primary = primary_input
+    if primary is None:
+        if len(manifests) != 1:
+            raise StageDefinitionError(
+                f"stage {stage_id!r} needs `splits` (a source stage) or `primary_input` "
+                f"(it has {len(manifests)} upstream stages)"
+            )
+        primary = next(iter(manifests))
+    if primary not in manifests:
+        raise StageDefinitionError(
+            f"stage {stage_id!r}: primary_input {primary!r} is not an upstream stage"
+        )
+    return manifests[primary]
+
+
+def upstream_manifests(
+    ti: Any, stage_id: str, upstream: Iterable[tuple[str, str]]
+) -> dict[str, list[str]]:
+    """Each upstream stage's output parts from its ``end_of_data`` XCom; ``upstream`` holds
+    (task id, stage id) pairs. An upstream that published none has not succeeded: an error.
+    """
+    manifests: dict[str, list[str]] = {}
+    for task_id, up_stage in upstream:
+        doc = ti.xcom_pull(task_ids=task_id, key=END_OF_DATA_KEY)
+        if doc is None:
+            raise FinalCheckpointError(
+                f"stage {stage_id!r}: upstream stage {up_stage!r} published no "
+                "end_of_data; it must succeed first"
+            )
+        manifests[up_stage] = list(EndOfData.model_validate(doc).manifest)
+    return manifests
+
+
+def declared_splits(
+    stage_id: str,
+    splits: Sequence[str] | Callable[[], Sequence[str]] | None,
+    primary_input: str | None,
+    manifests: Mapping[str, list[str]],
+) -> list[str]:
+    """The stage's splits in declared order: its own (a list or a callable), else its primary
+    input's output parts.
+    """
+    if splits is not None:
+        return list(splits() if callable(splits) else splits)
+    return primary_splits(stage_id, primary_input, manifests)
+
+
+def commit_extra(coordinator: CoordinatorPort, stage_id: str) -> dict[str, Any]:
+    """The extra of a closed stage's Asset events: the pipeline, the checkpoint the stage
+    closed on and the rows its committed transactions wrote (per sink and in all).
+    """
+    view = coordinator.stage(stage_id)
+    rows: dict[str, int] = {}
+    for txn, state in coordinator.transactions(stage_id):
+        if state == "COMMITTED":
+            rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
+    return {
+        "pipeline_key": coordinator.pipeline_key,
+        "stage_id": stage_id,
+        "checkpoint_id": view.closed_checkpoint_id,
+        "rows": sum(rows.values()),
+        "rows_by_sink": rows,
+    }
+
+
+def announce_commit(
+    context: Any,
+    outlets: Sequence[Any],
+    coordinator: CoordinatorPort | None,
+    stage_id: str,
+    *,
+    republish: bool,
+    log: logging.Logger | Any,
+) -> bool:
+    """Asset events mark committed data: one per commit, emitted by the success of the
+    attempt that made it visible, never by a re-published end_of_data (a CLOSED stage in a
+    continuation run would make Asset-scheduled DAGs run again on no new data). The event
+    extra names the pipeline, the checkpoint the stage closed on and the rows committed.
+    Returns True when the task's outlets must be emptied (a re-publication: Airflow emits the
+    events of ``ti.task.outlets`` at success).
+    """
+    if not outlets:
+        return False
+    if republish:
+        log.info(
+            "stage %s was committed by an earlier DAG run: end_of_data re-published, no "
+            "Asset event for %s",
+            stage_id,
+            ", ".join(str(getattr(o, "name", o)) for o in outlets),
+        )
+        return True
+    if coordinator is None:
+        return False
+    extra = commit_extra(coordinator, stage_id)
+    for outlet in outlets:
+        if isinstance(outlet, Asset):
+            context["outlet_events"][outlet].extra.update(extra)
+    return False
+
+
+def publish_end_of_data(
+    ti: Any, stage_id: str, eod: EndOfData, log: logging.Logger | Any
+) -> dict[str, Any]:
+    """Push the committed stage's ``end_of_data`` (what downstream stages read) and say so."""
+    doc = eod.model_dump(mode="json")
+    ti.xcom_push(key=END_OF_DATA_KEY, value=doc)
+    log.info(
+        "stage %s committed: end_of_data drain=%s, %d output parts, finished at checkpoint %s",
+        stage_id,
+        eod.drain,
+        len(eod.manifest),
+        eod.finished_at_checkpoint,
+    )
+    return doc
