@@ -204,6 +204,15 @@ def started_since_trigger(
     ]
 
 
+def worked_since_trigger(planned: StageStatus, snap: StageSnapshot) -> bool:
+    """A stage planned NOT_STARTED (no finished split at the trigger) that is idle again with
+    finished splits: it started after the trigger, ran batches and was suspended by a later
+    savepoint. Those splits' sink transactions belong to later checkpoints; recorded here,
+    a restore would skip the splits and never commit their output.
+    """
+    return planned is StageStatus.NOT_STARTED and bool(snap.finished_splits)
+
+
 def build_record(
     pipeline_key: str,
     checkpoint: CheckpointInfo,
@@ -220,7 +229,7 @@ def build_record(
     no state) and uncommitted transactions; the others from their progress if they have not
     started work since (``unstarted``: what the trigger saw), else NOT_STARTED (they started
     after the trigger: nothing of them belongs to this checkpoint; ``started_since_trigger``
-    refuses those that had restored progress).
+    refuses those that had restored progress; ``worked_since_trigger``: those idle again).
     """
     stages: dict[str, StageCheckpointRecord] = {}
     for sid, status in checkpoint.plan.statuses.items():
@@ -229,7 +238,7 @@ def build_record(
             stages[sid] = stage_record(sid, acked_status(ack), ack.snapshot)
         elif status is StageStatus.FULLY_FINISHED:
             stages[sid] = finished_stage_record(sid, finished.get(sid), uncommitted.get(sid, ()))
-        elif sid in unstarted:
+        elif sid in unstarted and not worked_since_trigger(status, unstarted[sid]):
             snap = unstarted[sid]
             stages[sid] = stage_record(sid, unstarted_status(snap), snap)
         else:
