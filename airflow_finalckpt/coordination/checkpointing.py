@@ -27,7 +27,7 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.core.plan import calculate_plan
 from airflow_finalckpt.core.transitions_eager import FinishJoin
-from airflow_finalckpt.core.views import AckOutcome, draining, timed_out
+from airflow_finalckpt.core.views import AckOutcome, AckTarget, draining, timed_out
 from airflow_finalckpt.store.repository import CoordinationStore
 from airflow_finalckpt.store.writes import StoreWriter
 
@@ -149,13 +149,16 @@ class Checkpointing:
         by_finish: bool,
         joins: bool = False,
         progress: StageSnapshot | None = None,
+        target: AckTarget | None = None,
     ) -> AckOutcome:
         """Record the stage's acknowledgement; the last one completes the checkpoint. ``joins``:
         a finish joins a checkpoint that did not wait for the stage (``transitions_eager``): its
         final snapshot is recorded, the count of pending acknowledgements stays. ``progress``:
-        the stage's durable progress if the caller just wrote it (else it is read).
+        the stage's durable progress if the caller just wrote it, ``target``: the checkpoint's
+        gate if the caller just read it (else each is read).
         """
-        target = tx.rows.ack_target(checkpoint_id, stage_id)
+        if target is None:
+            target = tx.rows.ack_target(checkpoint_id, stage_id)
         gate = rules.ack_gate(checkpoint_id, stage_id, target, joins=joins)
         if gate is not None:
             return gate
@@ -183,6 +186,35 @@ class Checkpointing:
         if remaining == 0 and self.complete(tx, checkpoint_id):
             return AckOutcome.COMPLETED
         return AckOutcome.ACCEPTED
+
+    def ack_awaiting(
+        self, tx: Tx, stage_id: str, epoch: int, progress: StageSnapshot | None
+    ) -> tuple[list[int], list[int]]:
+        """A batch boundary answers every pending checkpoint that waits for the stage, oldest
+        first, with its durable ``progress``; returns (acknowledged, completed) ids.
+
+        The gates of all of them are read in one statement. Acknowledging in ascending order
+        never changes a later one's gate (its newest acknowledged id stays below it); a
+        completion may abort or discard other checkpoints, so after one the rest are read
+        again.
+        """
+        acked: list[int] = []
+        completed: list[int] = []
+        for cid, target in tx.rows.awaiting_targets(stage_id):
+            outcome = self.ack(
+                tx,
+                cid,
+                stage_id,
+                epoch,
+                by_finish=False,
+                progress=progress,
+                target=None if completed else target,
+            )
+            if outcome in (AckOutcome.ACCEPTED, AckOutcome.COMPLETED):
+                acked.append(cid)
+            if outcome is AckOutcome.COMPLETED:
+                completed.append(cid)
+        return acked, completed
 
     # ------------------------------------------------------------------ abort and expire
 

@@ -264,16 +264,7 @@ class Coordinator(CoordinatorReads):
             now = self.clock()
             tx.rows.update_stage(stage_id, change, now)
             tx.rows.record_transactions(stage_id, epoch, transactions, now)
-            acked: list[int] = []
-            completed: list[int] = []
-            for cid in tx.rows.awaiting(stage_id):
-                outcome = self._ops.ack(
-                    tx, cid, stage_id, epoch, by_finish=False, progress=change.progress
-                )
-                if outcome in (AckOutcome.ACCEPTED, AckOutcome.COMPLETED):
-                    acked.append(cid)
-                if outcome is AckOutcome.COMPLETED:
-                    completed.append(cid)
+            acked, completed = self._ops.ack_awaiting(tx, stage_id, epoch, change.progress)
             return BatchOutcome(tuple(acked), tuple(completed), tx.rows.latest_stop())
 
     def decline(self, checkpoint_id: int, stage_id: str, epoch: int, reason: str) -> None:

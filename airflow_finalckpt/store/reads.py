@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import JSON, case, func, null, select, type_coerce
+from sqlalchemy import JSON, bindparam, case, func, null, select, type_coerce
 
 from airflow_finalckpt.core.errors import (
     IllegalTransitionError,
@@ -45,6 +45,28 @@ CANDIDATE_STATES = (
 )
 #: Lifecycles of a stage that is (or was, suspended) running: it has progress but no final.
 RUNNING_STATES = (StageLifecycle.RUNNING.value, StageLifecycle.SUSPENDED.value)
+
+
+# Reads every acknowledgement runs, built once and executed with bound values (SQLAlchemy
+# caches their compiled form by statement; building one cost more than running it).
+_STAGE_ROW = select(t.stages).where(
+    t.stages.c.pipeline_key == bindparam("b_key"), t.stages.c.stage_id == bindparam("b_stage")
+)
+_UNCOMMITTED = (
+    select(t.transactions)
+    .where(
+        t.transactions.c.pipeline_key == bindparam("b_key"),
+        t.transactions.c.stage_id == bindparam("b_stage"),
+        t.transactions.c.state == TransactionState.PRECOMMITTED.value,
+    )
+    .order_by(t.transactions.c.sink_id, t.transactions.c.txn_id)
+)
+_LATEST_STOP = (
+    select(t.stop_requests)
+    .where(t.stop_requests.c.pipeline_key == bindparam("b_key"))
+    .order_by(t.stop_requests.c.request_id.desc())
+    .limit(1)
+)
 
 
 class StoreReader(AckReader):
@@ -138,15 +160,8 @@ class StoreReader(AckReader):
 
     def stage_row(self, stage_id: str) -> StageRow:
         """One stage; UnknownStageError if the pipeline has no such stage."""
-        row = (
-            self.conn.execute(
-                select(t.stages).where(
-                    t.stages.c.pipeline_key == self.key, t.stages.c.stage_id == stage_id
-                )
-            )
-            .mappings()
-            .first()
-        )
+        params = {"b_key": self.key, "b_stage": stage_id}
+        row = self.conn.execute(_STAGE_ROW, params).mappings().first()
         if row is None:
             raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
         return r.stage_row(row)
@@ -302,17 +317,9 @@ class StoreReader(AckReader):
 
     def uncommitted(self, stage_id: str) -> list[SinkTransaction]:
         """The stage's pre-committed transactions, by sink and transaction id."""
+        params = {"b_key": self.key, "b_stage": stage_id}
         return [
-            r.sink_transaction(row)
-            for row in self.conn.execute(
-                select(t.transactions)
-                .where(
-                    t.transactions.c.pipeline_key == self.key,
-                    t.transactions.c.stage_id == stage_id,
-                    t.transactions.c.state == TransactionState.PRECOMMITTED.value,
-                )
-                .order_by(t.transactions.c.sink_id, t.transactions.c.txn_id)
-            ).mappings()
+            r.sink_transaction(row) for row in self.conn.execute(_UNCOMMITTED, params).mappings()
         ]
 
     def transaction(self, stage_id: str, sink_id: str, txn_id: str) -> TxnRow:
@@ -349,16 +356,7 @@ class StoreReader(AckReader):
 
     def latest_stop(self) -> StopRequest | None:
         """The newest stop request."""
-        row = (
-            self.conn.execute(
-                select(t.stop_requests)
-                .where(t.stop_requests.c.pipeline_key == self.key)
-                .order_by(t.stop_requests.c.request_id.desc())
-                .limit(1)
-            )
-            .mappings()
-            .first()
-        )
+        row = self.conn.execute(_LATEST_STOP, {"b_key": self.key}).mappings().first()
         return None if row is None else r.stop_request(row)
 
     # ------------------------------------------------------------------ read models

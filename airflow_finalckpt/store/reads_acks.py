@@ -8,13 +8,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, func, select
+from sqlalchemy import Connection, RowMapping, bindparam, func, select
 
 from airflow_finalckpt.core.errors import UnknownCheckpointError
 from airflow_finalckpt.core.model import CheckpointKind, CheckpointState, TriggerReason
 from airflow_finalckpt.core.transitions_eager import PendingCheckpoint
 from airflow_finalckpt.core.views import AckRow, AckTarget, parse_snapshot
 from airflow_finalckpt.store import schema as t
+
+
+def _awaiting_statement() -> Any:
+    """Pending checkpoints that wait for a stage (its rows in ``finalckpt_acks_due``, by the
+    stage index) with what their acknowledgement decides on: built once, executed with bound
+    values (its compiled form is cached; building a statement costs more than running it).
+    """
+    due, cks, acks = t.acks_due.c, t.checkpoints.c, t.acks.c
+    newest = (
+        select(func.max(acks.checkpoint_id))
+        .where(acks.pipeline_key == bindparam("b_key"), acks.stage_id == bindparam("b_stage"))
+        .scalar_subquery()
+    )
+    return (
+        select(due.checkpoint_id, cks.acks_pending, cks.triggered_at, newest.label("newest"))
+        .join(
+            t.checkpoints,
+            (cks.pipeline_key == due.pipeline_key) & (cks.checkpoint_id == due.checkpoint_id),
+        )
+        .where(
+            due.pipeline_key == bindparam("b_key"),
+            due.stage_id == bindparam("b_stage"),
+            cks.state == CheckpointState.PENDING.value,
+        )
+        .order_by(due.checkpoint_id)
+    )
+
+
+_AWAITING = _awaiting_statement()
 
 
 class AckReader:
@@ -88,22 +117,28 @@ class AckReader:
         """Pending checkpoints that wait for ``stage_id``'s acknowledgement, oldest first
         (its rows in ``finalckpt_acks_due``, by the stage index).
         """
-        due, cks = t.acks_due, t.checkpoints
-        rows = self.conn.execute(
-            select(due.c.checkpoint_id)
-            .join(
-                cks,
-                (cks.c.pipeline_key == due.c.pipeline_key)
-                & (cks.c.checkpoint_id == due.c.checkpoint_id),
+        return [cid for cid, _ in self.awaiting_targets(stage_id)]
+
+    def awaiting_targets(self, stage_id: str) -> list[tuple[int, AckTarget]]:
+        """``awaiting`` with each checkpoint's ``ack_target``, in one statement: what a batch
+        boundary answers (a checkpoint in ``finalckpt_acks_due`` is pending, waits for the
+        stage and was not acknowledged by it).
+        """
+        rows = self.conn.execute(_AWAITING, {"b_key": self.key, "b_stage": stage_id}).all()
+        return [
+            (
+                int(cid),
+                AckTarget(
+                    state=CheckpointState.PENDING,
+                    acks_pending=int(pending),
+                    triggered_at=float(triggered_at),
+                    due=True,
+                    acked=False,
+                    newest_acked=None if newest is None else int(newest),
+                ),
             )
-            .where(
-                due.c.pipeline_key == self.key,
-                due.c.stage_id == stage_id,
-                cks.c.state == CheckpointState.PENDING.value,
-            )
-            .order_by(due.c.checkpoint_id)
-        ).scalars()
-        return [int(cid) for cid in rows]
+            for cid, pending, triggered_at, newest in rows
+        ]
 
     def pending_for_finish(self, stage_id: str) -> list[PendingCheckpoint]:
         """Every pending checkpoint as a finish of ``stage_id`` decides on it (whether it waits
@@ -170,26 +205,6 @@ class AckReader:
                 )
             ).mappings()
         }
-
-    def acked(self, checkpoint_id: int, stage_id: str) -> bool:
-        """Has the stage acknowledged this checkpoint?"""
-        found = self.conn.execute(
-            select(t.acks.c.stage_id).where(
-                t.acks.c.pipeline_key == self.key,
-                t.acks.c.checkpoint_id == checkpoint_id,
-                t.acks.c.stage_id == stage_id,
-            )
-        ).first()
-        return found is not None
-
-    def newest_ack(self, stage_id: str) -> int | None:
-        """The newest checkpoint the stage acknowledged."""
-        cid = self.conn.execute(
-            select(func.max(t.acks.c.checkpoint_id)).where(
-                t.acks.c.pipeline_key == self.key, t.acks.c.stage_id == stage_id
-            )
-        ).scalar()
-        return None if cid is None else int(cid)
 
     def pending_ack_snapshots(self) -> list[tuple[int, AckRow]]:
         """(checkpoint id, acknowledgement) of every acknowledgement of a pending checkpoint:

@@ -5,9 +5,10 @@ values are laid out in columns (enums as strings, snapshots and plans as JSON).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, Table
+from sqlalchemy import Connection, Insert, RowMapping, Table
 from sqlalchemy.dialects import postgresql, sqlite
 
 from airflow_finalckpt.core.failure import CheckpointFailureReason
@@ -38,8 +39,21 @@ def dump(snapshot: StageSnapshot) -> dict[str, Any]:
 
 def insert_ignore(conn: Connection, table: Table, values: Mapping[str, Any]) -> None:
     """INSERT ... ON CONFLICT DO NOTHING on either dialect."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(table).values(**values).on_conflict_do_nothing())
+    conn.execute(insert_ignore_statement(conn, table), dict(values))
+
+
+@cache
+def _insert_ignore(dialect_name: str, table: Table) -> Insert:
+    if dialect_name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+def insert_ignore_statement(conn: Connection, table: Table) -> Insert:
+    """INSERT ... ON CONFLICT DO NOTHING into ``table`` for ``conn``'s dialect, built once per
+    dialect and table (executed with the row(s) as parameters).
+    """
+    return _insert_ignore(conn.dialect.name, table)
 
 
 def stage_row(row: RowMapping) -> StageRow:

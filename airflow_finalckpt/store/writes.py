@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, select, update
+from sqlalchemy import Connection, RowMapping, bindparam, select, update
 
 from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import StageGraph
@@ -28,6 +28,39 @@ from airflow_finalckpt.core.views import CoordinatorOptions, StageChange
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.reads import StoreReader
+
+# The hot path's statements (every acknowledgement runs them), built once and executed with
+# bound values: SQLAlchemy caches their compiled form by statement, and building a statement
+# cost more than running it. An UPDATE without ``values`` sets the columns its parameters
+# name (the ``b_`` ones are the WHERE clause's).
+_UPDATE_STAGE = update(t.stages).where(
+    t.stages.c.pipeline_key == bindparam("b_key"), t.stages.c.stage_id == bindparam("b_stage")
+)
+_UPDATE_CHECKPOINT = update(t.checkpoints).where(
+    t.checkpoints.c.pipeline_key == bindparam("b_key"),
+    t.checkpoints.c.checkpoint_id == bindparam("b_cid"),
+)
+_INSERT_ACK = t.acks.insert()
+_DELETE_DUE = t.acks_due.delete().where(
+    t.acks_due.c.pipeline_key == bindparam("b_key"),
+    t.acks_due.c.checkpoint_id == bindparam("b_cid"),
+    t.acks_due.c.stage_id == bindparam("b_stage"),
+)
+_STAMP = (
+    update(t.transactions)
+    .where(
+        t.transactions.c.pipeline_key == bindparam("b_key"),
+        t.transactions.c.stage_id == bindparam("b_stage"),
+        t.transactions.c.state == TransactionState.PRECOMMITTED.value,
+        t.transactions.c.checkpoint_id.is_(None),
+    )
+    .values(checkpoint_id=bindparam("b_cid"))
+)
+_LOCK_PIPELINE = (
+    select(*(c for c in t.pipelines.c if c.name != "graph"))
+    .where(t.pipelines.c.pipeline_key == bindparam("b_key"))
+    .with_for_update()
+)
 
 
 class StoreWriter(StoreReader):
@@ -116,11 +149,8 @@ class StoreWriter(StoreReader):
 
     def update_stage(self, stage_id: str, change: StageChange, now: float) -> None:
         """Write a stage change."""
-        self.conn.execute(
-            update(t.stages)
-            .where(t.stages.c.pipeline_key == self.key, t.stages.c.stage_id == stage_id)
-            .values(**r.stage_values(change, now))
-        )
+        values = r.stage_values(change, now)
+        self.conn.execute(_UPDATE_STAGE, {**values, "b_key": self.key, "b_stage": stage_id})
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -178,14 +208,7 @@ class StoreWriter(StoreReader):
         )
 
     def _update_checkpoint(self, checkpoint_id: int, values: Mapping[str, Any]) -> None:
-        self.conn.execute(
-            update(t.checkpoints)
-            .where(
-                t.checkpoints.c.pipeline_key == self.key,
-                t.checkpoints.c.checkpoint_id == checkpoint_id,
-            )
-            .values(**values)
-        )
+        self.conn.execute(_UPDATE_CHECKPOINT, {**values, "b_key": self.key, "b_cid": checkpoint_id})
 
     def set_acks_pending(self, checkpoint_id: int, remaining: int) -> None:
         """Count down the acknowledgements a checkpoint waits for."""
@@ -193,13 +216,8 @@ class StoreWriter(StoreReader):
 
     def ack_done(self, checkpoint_id: int, stage_id: str) -> None:
         """The checkpoint no longer waits for the stage (its row in ``finalckpt_acks_due``)."""
-        due = t.acks_due.c
         self.conn.execute(
-            t.acks_due.delete().where(
-                due.pipeline_key == self.key,
-                due.checkpoint_id == checkpoint_id,
-                due.stage_id == stage_id,
-            )
+            _DELETE_DUE, {"b_key": self.key, "b_cid": checkpoint_id, "b_stage": stage_id}
         )
 
     def _forget_due(self, checkpoint_id: int) -> None:
@@ -253,15 +271,16 @@ class StoreWriter(StoreReader):
     ) -> None:
         """Record an acknowledgement."""
         self.conn.execute(
-            t.acks.insert().values(
-                pipeline_key=self.key,
-                checkpoint_id=checkpoint_id,
-                stage_id=stage_id,
-                epoch=epoch,
-                by_finish=by_finish,
-                snapshot=r.dump(snapshot),
-                acked_at=now,
-            )
+            _INSERT_ACK,
+            {
+                "pipeline_key": self.key,
+                "checkpoint_id": checkpoint_id,
+                "stage_id": stage_id,
+                "epoch": epoch,
+                "by_finish": by_finish,
+                "snapshot": r.dump(snapshot),
+                "acked_at": now,
+            },
         )
 
     # ------------------------------------------------------------------ transactions
@@ -269,11 +288,12 @@ class StoreWriter(StoreReader):
     def record_transactions(
         self, stage_id: str, epoch: int, txns: Sequence[SinkTransaction], now: float
     ) -> None:
-        """Pre-committed transactions, not yet covered (idempotent per id)."""
-        for txn in txns:
-            r.insert_ignore(
-                self.conn,
-                t.transactions,
+        """Pre-committed transactions, not yet covered (idempotent per id), in one statement."""
+        if not txns:
+            return
+        self.conn.execute(
+            r.insert_ignore_statement(self.conn, t.transactions),
+            [
                 {
                     "pipeline_key": self.key,
                     "stage_id": stage_id,
@@ -284,12 +304,14 @@ class StoreWriter(StoreReader):
                     "state": TransactionState.PRECOMMITTED.value,
                     "payload": txn.payload,
                     "updated_at": now,
-                },
-            )
+                }
+                for txn in txns
+            ],
+        )
 
     def stamp_transactions(self, stage_id: str, checkpoint_id: int) -> None:
         """The stage's uncovered pre-committed transactions are covered by ``checkpoint_id``."""
-        self.stamp_stages_transactions([stage_id], checkpoint_id)
+        self.conn.execute(_STAMP, {"b_key": self.key, "b_stage": stage_id, "b_cid": checkpoint_id})
 
     def stamp_stages_transactions(self, stage_ids: Sequence[str], checkpoint_id: int) -> None:
         """``stamp_transactions`` of several stages in one statement (what a trigger covers)."""
@@ -403,12 +425,4 @@ def lock_pipeline(conn: Connection, pipeline_key: str) -> RowMapping | None:
     """Lock the pipeline row (FOR UPDATE; SQLite already holds the write lock) and read every
     column but the graph (O(stages) of JSON, read only when its fingerprint changes).
     """
-    return (
-        conn.execute(
-            select(*(c for c in t.pipelines.c if c.name != "graph"))
-            .where(t.pipelines.c.pipeline_key == pipeline_key)
-            .with_for_update()
-        )
-        .mappings()
-        .first()
-    )
+    return conn.execute(_LOCK_PIPELINE, {"b_key": pipeline_key}).mappings().first()
