@@ -120,14 +120,12 @@ def merge_progress(
 
 
 def needs_transactions(plan: CheckpointPlan, acks: Mapping[str, AckRow]) -> list[str]:
-    """Stages recorded from their final snapshot (FULLY_FINISHED without an acknowledgement):
-    their uncommitted transactions must be read to complete the checkpoint.
+    """Stages recorded without an acknowledgement: from their final snapshot (FULLY_FINISHED)
+    or from their idle progress (restored, or suspended). Their uncommitted transactions must
+    be read to complete the checkpoint: a record that keeps a stage's finished splits without
+    the transactions holding their output would lose that output on restore.
     """
-    return [
-        sid
-        for sid, status in plan.statuses.items()
-        if sid not in acks and status is StageStatus.FULLY_FINISHED
-    ]
+    return [sid for sid in plan.statuses if sid not in acks]
 
 
 def acked_status(ack: AckRow) -> StageStatus:
@@ -226,10 +224,11 @@ def build_record(
 ) -> CheckpointRecord:
     """The ``_metadata`` of a fully acknowledged checkpoint: acknowledged stages as they
     answered, stages finished before the trigger from their end (``finished``: no split ids,
-    no state) and uncommitted transactions; the others from their progress if they have not
-    started work since (``unstarted``: what the trigger saw), else NOT_STARTED (they started
-    after the trigger: nothing of them belongs to this checkpoint; ``started_since_trigger``
-    refuses those that had restored progress; ``worked_since_trigger``: those idle again).
+    no state) and uncommitted transactions; the others from their progress and uncommitted
+    transactions if they have not started work since (``unstarted``: what the trigger saw),
+    else NOT_STARTED (they started after the trigger: nothing of them belongs to this
+    checkpoint; ``started_since_trigger`` refuses those that had restored progress;
+    ``worked_since_trigger``: those idle again).
     """
     stages: dict[str, StageCheckpointRecord] = {}
     for sid, status in checkpoint.plan.statuses.items():
@@ -239,7 +238,8 @@ def build_record(
         elif status is StageStatus.FULLY_FINISHED:
             stages[sid] = finished_stage_record(sid, finished.get(sid), uncommitted.get(sid, ()))
         elif sid in unstarted and not worked_since_trigger(status, unstarted[sid]):
-            snap = unstarted[sid]
+            txns = tuple(uncommitted.get(sid, ()))
+            snap = unstarted[sid].model_copy(update={"pending_transactions": txns})
             stages[sid] = stage_record(sid, unstarted_status(snap), snap)
         else:
             stages[sid] = StageCheckpointRecord(stage_id=sid, status=StageStatus.NOT_STARTED)

@@ -90,3 +90,48 @@ def test_a_late_stage_suspended_after_the_checkpoint_loses_no_transaction(
     assert record.stages["late"].status is StageStatus.NOT_STARTED
     fresh.dispose()
     engine.dispose()
+
+
+def test_a_restored_stage_recorded_idle_keeps_its_transactions(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The same with restored progress: planned PARTIALLY_FINISHED, the stage restarts after
+    the trigger, runs a batch, answers the savepoint and suspends; the checkpoint records it
+    from its idle progress, with every uncommitted transaction (the restored one included).
+    """
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    graph = StageGraph.from_edges(["busy", "late"], [])
+    first = make_engine(f"sqlite:///{tmp_path / 'first.db'}")
+    ensure_schema(first)
+    origin = Coordinator(first, KEY, writer=storage)
+    origin.register(graph)
+    busy0, late0 = (origin.start_attempt(s).epoch for s in ("busy", "late"))
+    c0 = origin.trigger(TriggerReason.MANUAL)
+    assert c0 is not None
+    origin.record_batch("late", late0, finished_splits=["l-0"], transactions=[txn("l-0")])
+    origin.record_batch("busy", busy0, finished_splits=["b-0"])
+    path0 = origin.checkpoint(c0).metadata_path
+    assert path0 is not None
+
+    engine = make_engine(store_url)
+    coord = Coordinator(engine, KEY, writer=storage)
+    coord.start_pipeline(graph, record=storage.read_checkpoint(path0), source=path0)
+    busy = coord.start_attempt("busy").epoch
+    cid = coord.trigger(TriggerReason.MANUAL)
+    assert cid is not None
+    assert coord.checkpoint(cid).plan.statuses["late"] is StageStatus.PARTIALLY_FINISHED
+    late = coord.start_attempt("late").epoch
+    coord.record_batch("late", late, finished_splits=["l-1"], transactions=[txn("l-1")])
+    savepoint = coord.request_stop(StopMode.SAVEPOINT).savepoint_id
+    batch = coord.record_batch("late", late, finished_splits=["l-2"], transactions=[txn("l-2")])
+    assert savepoint in batch.acked
+    coord.suspend("late", late)
+    coord.acknowledge(cid, "busy", busy)
+    info = coord.checkpoint(cid)
+    assert info.state is CheckpointState.COMPLETED and info.metadata_path is not None
+    record = storage.read_checkpoint(info.metadata_path)
+    committed = {x.txn_id for x, state in coord.transactions("late") if state == "COMMITTED"}
+    assert record.stages["late"].finished_splits == {"l-0", "l-1", "l-2"}
+    assert uncovered(record, committed, "late") == set()
+    first.dispose()
+    engine.dispose()

@@ -257,7 +257,14 @@ def test_record_refines_statuses_from_acks_and_final_snapshots() -> None:
         "stateful": StageSnapshot(state=(handle,), watermark=5),
         "fresh": StageSnapshot(),
     }
-    assert rules.needs_transactions(info(statuses).plan, acks) == ["fin"]
+    # every stage recorded without an acknowledgement (their finished splits need them)
+    assert rules.needs_transactions(info(statuses).plan, acks) == [
+        "fin",
+        "restored",
+        "stateful",
+        "late",
+        "fresh",
+    ]
     record = rules.build_record(
         "key",
         info(statuses),

@@ -10,6 +10,7 @@ from airflow_finalckpt.core import transitions as rules
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointState,
+    SinkTransaction,
     StageSnapshot,
     StageStatus,
     TriggerReason,
@@ -46,3 +47,30 @@ def test_build_record_keeps_a_late_suspended_stage_not_started() -> None:
     stage = record.stages["late"]
     assert stage.status is StageStatus.NOT_STARTED
     assert stage.finished_splits == frozenset()
+
+
+def test_build_record_gives_an_idle_restored_stage_its_uncommitted_transactions() -> None:
+    plan = CheckpointPlan((), (), (), (), statuses={"restored": StageStatus.PARTIALLY_FINISHED})
+    info = CheckpointInfo(
+        3,
+        CheckpointKind.CHECKPOINT,
+        TriggerReason.MANUAL,
+        CheckpointState.PENDING,
+        plan,
+        0,
+        100.0,
+        None,
+        None,
+        None,
+        None,
+    )
+    assert rules.needs_transactions(plan, {}) == ["restored"]
+    progress = StageSnapshot(finished_splits=frozenset({"r-0"}))
+    pending = [SinkTransaction(sink_id="k", txn_id="t-r-0", checkpoint_id=2)]
+    record = rules.build_record(
+        "key", info, {}, {}, {"restored": progress}, {"restored": pending}, {}, "fp", 200.0
+    )
+    stage = record.stages["restored"]
+    assert stage.status is StageStatus.PARTIALLY_FINISHED
+    assert stage.finished_splits == {"r-0"}
+    assert [x.txn_id for x in stage.pending_transactions] == ["t-r-0"]
