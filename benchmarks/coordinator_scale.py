@@ -144,6 +144,7 @@ def seed_state(engine: Engine, pipeline_key: str, size: Size) -> list[str]:
             "progress": progress,
             "finish_threshold": None,
             "final_snapshot": None,
+            "final_end": None,
             "closed_checkpoint_id": None,
         }
         if lifecycle in ("FINISHED", "CLOSED"):
@@ -158,7 +159,14 @@ def seed_state(engine: Engine, pipeline_key: str, size: Size) -> list[str]:
                     "unread_splits": 0,
                 },
             )
-            row.update(progress=final, final_snapshot=final, finish_threshold=0)
+            # final_end: what finish() writes beside the final snapshot (store.rows.final_end)
+            end = {"end_of_data": final["end_of_data"], "watermark": MAX_WATERMARK}
+            row.update(
+                progress=final,
+                final_snapshot=final,
+                final_end=dict(end, finished=len(finished)),
+                finish_threshold=0,
+            )
             if lifecycle == "CLOSED":
                 row["closed_checkpoint_id"] = 0
         else:
@@ -193,6 +201,7 @@ def seed_state(engine: Engine, pipeline_key: str, size: Size) -> list[str]:
                     progress=bindparam("progress"),
                     finish_threshold=bindparam("finish_threshold"),
                     final_snapshot=bindparam("final_snapshot"),
+                    final_end=bindparam("final_end"),
                     closed_checkpoint_id=bindparam("closed_checkpoint_id"),
                 ),
                 rows,

@@ -419,22 +419,23 @@ class StoreReader(AckReader):
     # ------------------------------------------------------------------ completion (metadata v2)
 
     def finished_ends(self) -> dict[str, FinishedStageEnd]:
-        """Of every FINISHED or CLOSED stage, what a checkpoint records of it: the end_of_data
-        and watermark of its final snapshot through JSON paths (its finished split ids are
-        never read) and its finished split count from ``total_splits``.
+        """Of every FINISHED or CLOSED stage, what a checkpoint records of it: its narrow
+        ``final_end`` column (end_of_data, watermark, finished split count, written with the
+        final snapshot), its finished split ids are never read. A row finished by a version
+        without that column is read through JSON paths of its final snapshot instead.
         """
         s = t.stages.c
-        final = s.final_snapshot
-        if self.conn.dialect.name == "postgresql":
-            count = func.json_array_length(final["finished_splits"])
-        else:
-            count = func.json_array_length(final, "$.finished_splits")
         rows = self.conn.execute(
-            select(
-                s.stage_id, s.total_splits, count, final["end_of_data"], final["watermark"]
-            ).where(s.pipeline_key == self.key, s.lifecycle.in_(FINISHED_STATES))
+            select(s.stage_id, s.total_splits, s.final_end, *_legacy_end_columns(self.conn)).where(
+                s.pipeline_key == self.key, s.lifecycle.in_(FINISHED_STATES)
+            )
         ).all()
-        return {str(sid): finished_end(total, done, eod, wm) for sid, total, done, eod, wm in rows}
+        ends: dict[str, FinishedStageEnd] = {}
+        for sid, total, end, done, eod, wm in rows:
+            if end is not None:
+                done, eod, wm = end["finished"], end["end_of_data"], end["watermark"]
+            ends[str(sid)] = finished_end(total, done, eod, wm)
+        return ends
 
     def unstarted_progress(self) -> dict[str, StageSnapshot]:
         """The progress of every stage that has not started work: NOT_STARTED (possibly with
@@ -469,6 +470,24 @@ class StoreReader(AckReader):
 
 #: Lifecycles of a stage whose finish() ran.
 FINISHED_STATES = (StageLifecycle.FINISHED.value, StageLifecycle.CLOSED.value)
+
+
+def _legacy_end_columns(conn: Any) -> tuple[Any, Any, Any]:
+    """Finished split count, end_of_data and watermark through JSON paths of the final
+    snapshot, evaluated only for a row without ``final_end`` (CASE: NULL for the others).
+    """
+    s = t.stages.c
+    final = s.final_snapshot
+    if conn.dialect.name == "postgresql":
+        count = func.json_array_length(final["finished_splits"])
+    else:
+        count = func.json_array_length(final, "$.finished_splits")
+    legacy = s.final_end.is_(None)
+    return (
+        case((legacy, count), else_=null()),
+        type_coerce(case((legacy, final["end_of_data"]), else_=null()), JSON),
+        type_coerce(case((legacy, final["watermark"]), else_=null()), JSON),
+    )
 
 
 def finished_end(

@@ -71,6 +71,18 @@ def stage_row(row: RowMapping) -> StageRow:
     )
 
 
+def final_end(final: StageSnapshot) -> dict[str, Any]:
+    """The ``final_end`` column of a finished stage: what a checkpoint records of it (see
+    ``StoreReader.finished_ends``), never its split ids.
+    """
+    eod = final.end_of_data
+    return {
+        "end_of_data": None if eod is None else eod.model_dump(mode="json"),
+        "watermark": final.watermark,
+        "finished": len(final.finished_splits),
+    }
+
+
 def stage_values(change: StageChange, now: float) -> dict[str, Any]:
     """The columns a stage change writes (``updated_at`` always)."""
     values: dict[str, Any] = {}
@@ -87,6 +99,7 @@ def stage_values(change: StageChange, now: float) -> dict[str, Any]:
     if change.final_snapshot is not KEEP:
         final = change.final_snapshot
         values["final_snapshot"] = None if final is None else dump(final)
+        values["final_end"] = None if final is None else final_end(final)
     if change.closed_checkpoint_id is not KEEP:
         values["closed_checkpoint_id"] = change.closed_checkpoint_id
     values["updated_at"] = now

@@ -62,6 +62,12 @@ stages = Table(
     Column("finish_threshold", BigInteger, nullable=True),
     Column("final_snapshot", JSON, nullable=True),
     Column("closed_checkpoint_id", BigInteger, nullable=True),
+    # What a checkpoint records of a finished stage, written with its final snapshot (it never
+    # changes after): end_of_data, watermark and the final snapshot's finished split count, so
+    # a completion reads these small values instead of evaluating JSON paths in every finished
+    # stage's final snapshot (NULL: before finish, or written by a version without it; None is
+    # written as SQL NULL, not JSON null, so "IS NULL" finds both).
+    Column("final_end", JSON(none_as_null=True), nullable=True),
     Column("updated_at", Float, nullable=False),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )

@@ -1,6 +1,7 @@
 """Acknowledgement cost flat in the graph size: who must still acknowledge a pending checkpoint
 in a narrow table (``finalckpt_acks_due``) instead of the plan's JSON ``to_ack`` list, and the
-acknowledgements indexed by stage.
+acknowledgements indexed by stage; what a checkpoint records of a finished stage in a narrow
+column (``finalckpt_stages.final_end``) instead of JSON paths into its final snapshot.
 
 Revision ID: 0004
 Revises: 0003
@@ -8,7 +9,8 @@ Create Date: 2026-11-24
 
 Data: for every PENDING checkpoint, each stage of its plan's ``to_ack`` that has not
 acknowledged it yet gets its row, so a pipeline running across the upgrade keeps running (its
-stages acknowledge through the new table; the count ``acks_pending`` is unchanged).
+stages acknowledge through the new table; the count ``acks_pending`` is unchanged). Every
+finished stage gets its ``final_end`` from its final snapshot.
 """
 
 from __future__ import annotations
@@ -75,6 +77,50 @@ def upgrade() -> None:
             sa.column("stage_id", sa.String()),
         )
         conn.execute(due.insert(), rows)
+    _add_final_end(conn)
+
+
+def _add_final_end(conn: Any) -> None:
+    """The ``final_end`` column, filled for every stage with a final snapshot."""
+    op.add_column("finalckpt_stages", sa.Column("final_end", sa.JSON(), nullable=True))
+    stages = sa.table(
+        "finalckpt_stages",
+        sa.column("pipeline_key", sa.String()),
+        sa.column("stage_id", sa.String()),
+        sa.column("final_snapshot", sa.JSON()),
+        sa.column("final_end", sa.JSON()),
+    )
+    rows = [
+        {"b_key": key, "b_stage": sid, "final_end": final_end(final)}
+        for key, sid, final in conn.execute(
+            sa.select(stages.c.pipeline_key, stages.c.stage_id, stages.c.final_snapshot).where(
+                stages.c.final_snapshot.is_not(None)
+            )
+        ).all()
+        if final
+    ]
+    if rows:
+        conn.execute(
+            stages.update()
+            .where(
+                stages.c.pipeline_key == sa.bindparam("b_key"),
+                stages.c.stage_id == sa.bindparam("b_stage"),
+            )
+            .values(final_end=sa.bindparam("final_end")),
+            rows,
+        )
+
+
+def final_end(final: Any) -> dict[str, Any]:
+    """A final snapshot's ``final_end`` (as ``store.rows.final_end`` writes it), from its
+    stored JSON: the migration does not depend on the current model.
+    """
+    data = json.loads(final) if isinstance(final, str) else dict(final)
+    return {
+        "end_of_data": data.get("end_of_data"),
+        "watermark": data.get("watermark"),
+        "finished": len(data.get("finished_splits") or ()),
+    }
 
 
 def _due_rows(pending: Iterable[Any], acked: Iterable[Any]) -> list[Mapping[str, object]]:
@@ -90,7 +136,10 @@ def _due_rows(pending: Iterable[Any], acked: Iterable[Any]) -> list[Mapping[str,
 
 
 def downgrade() -> None:
-    """Drop the table and the indexes (the plans still hold ``to_ack``)."""
+    """Drop the column, the table and the indexes (the plans still hold ``to_ack``, the final
+    snapshots what ``final_end`` held).
+    """
+    op.drop_column("finalckpt_stages", "final_end")
     op.drop_index("ix_finalckpt_acks_stage", table_name="finalckpt_acks")
     op.drop_index("ix_finalckpt_acks_due_stage", table_name="finalckpt_acks_due")
     op.drop_table("finalckpt_acks_due")
