@@ -88,9 +88,17 @@ class FaultyCoordinator:
         if checkpoint_id is not None and self.inner.checkpoint(checkpoint_id).is_completed:
             self.injector.hit("after-checkpoint-complete", stage_id)
 
-    def start_attempt(self, stage_id: str, *, total_splits: int | None = None) -> StageView:
+    def start_attempt(
+        self,
+        stage_id: str,
+        *,
+        total_splits: int | None = None,
+        split_list_sha256: str | None = None,
+    ) -> StageView:
         self.injector.stage = stage_id
-        view = self.inner.start_attempt(stage_id, total_splits=total_splits)
+        view = self.inner.start_attempt(
+            stage_id, total_splits=total_splits, split_list_sha256=split_list_sha256
+        )
         self.injector.hit("after-start-attempt", stage_id)
         return view
 

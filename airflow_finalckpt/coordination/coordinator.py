@@ -186,7 +186,13 @@ class Coordinator(CoordinatorReads):
 
     # ------------------------------------------------------------------ stage attempts
 
-    def start_attempt(self, stage_id: str, *, total_splits: int | None = None) -> StageView:
+    def start_attempt(
+        self,
+        stage_id: str,
+        *,
+        total_splits: int | None = None,
+        split_list_sha256: str | None = None,
+    ) -> StageView:
         """Register a new attempt of a stage and return its view with the new epoch.
 
         The new attempt continues from the stage's durable progress; older attempts are fenced.
@@ -199,7 +205,12 @@ class Coordinator(CoordinatorReads):
             suspended = False
             if stage_rules.starts_work(row.lifecycle):
                 suspended = suspends(tx.rows.latest_stop()) and not tx.rows.awaiting(stage_id)
-            change = stage_rules.start_attempt(row, suspended=suspended, total_splits=total_splits)
+            change = stage_rules.start_attempt(
+                row,
+                suspended=suspended,
+                total_splits=total_splits,
+                split_list_sha256=split_list_sha256,
+            )
             tx.rows.update_stage(stage_id, change, self.clock())
             return tx.rows.stage_row(stage_id).view()
 

@@ -155,6 +155,8 @@ class StageSnapshot(_Frozen):
     pending_transactions: tuple[SinkTransaction, ...] = ()
     watermark: int | None = None
     end_of_data: EndOfData | None = None
+    #: sha256 of the split list the stage declared (``core.split_list``); None: not known.
+    split_list_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @field_serializer("finished_splits")
     def _sorted_splits(self, splits: frozenset[str]) -> list[str]:
@@ -186,6 +188,8 @@ class StageCheckpointRecord(_Frozen):
     watermark: int | None = None
     end_of_data: EndOfData | None = None
     finished_count: int | None = Field(default=None, ge=0)
+    #: sha256 of the declared split list (RUNNING / PARTIALLY_FINISHED); None: not known.
+    split_list_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @field_serializer("finished_splits")
     def _sorted_splits(self, splits: frozenset[str]) -> list[str]:

@@ -44,8 +44,18 @@ class CoordinatorPort(Protocol):
 
     # stage attempts (runtime.runner)
 
-    def start_attempt(self, stage_id: str, *, total_splits: int | None = None) -> StageView:
+    def start_attempt(
+        self,
+        stage_id: str,
+        *,
+        total_splits: int | None = None,
+        split_list_sha256: str | None = None,
+    ) -> StageView:
         """A new attempt of the stage with its new epoch."""
+        ...
+
+    def restored_from(self) -> str | None:
+        """The checkpoint or savepoint the pipeline was last restored from, if any."""
         ...
 
     def batch_boundary(self, stage_id: str, epoch: int) -> StopRequest | None:

@@ -103,6 +103,8 @@ class StageRestore:
     end_of_data: EndOfData | None = None
     #: How many splits a skipped stage finished (its split ids are not kept: metadata v2).
     finished_count: int | None = None
+    #: The fingerprint of the split list the resumed stage declared (None: not known).
+    split_list_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -478,6 +480,7 @@ def _stage_restore(sid: str, entry: StageCheckpointRecord | None) -> StageRestor
         pending_transactions=entry.pending_transactions,
         watermark=entry.watermark,
         end_of_data=entry.end_of_data,
+        split_list_sha256=entry.split_list_sha256,
     )
 
 

@@ -116,6 +116,7 @@ def merge_progress(
         state=delta.state if replace_state else current.state,
         watermark=max(watermarks) if watermarks else None,
         end_of_data=delta.end_of_data or current.end_of_data,
+        split_list_sha256=delta.split_list_sha256 or current.split_list_sha256,
     )
 
 
@@ -157,6 +158,7 @@ def stage_record(stage_id: str, status: StageStatus, snap: StageSnapshot) -> Sta
         state=snap.state,
         pending_transactions=snap.pending_transactions,
         watermark=snap.watermark,
+        split_list_sha256=snap.split_list_sha256,
     )
 
 

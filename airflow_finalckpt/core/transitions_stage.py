@@ -51,12 +51,24 @@ def attempt_lifecycle(lifecycle: StageLifecycle, *, suspended: bool) -> StageLif
     return StageLifecycle.SUSPENDED if suspended else StageLifecycle.RUNNING
 
 
-def start_attempt(row: StageRow, *, suspended: bool, total_splits: int | None) -> StageChange:
-    """A new attempt: the next epoch (older attempts are fenced) and its lifecycle."""
+def start_attempt(
+    row: StageRow,
+    *,
+    suspended: bool,
+    total_splits: int | None,
+    split_list_sha256: str | None = None,
+) -> StageChange:
+    """A new attempt: the next epoch (older attempts are fenced) and its lifecycle; the
+    fingerprint of the split list it declared joins its progress (checkpoints record it).
+    """
+    progress = None
+    if split_list_sha256 is not None and split_list_sha256 != row.progress.split_list_sha256:
+        progress = row.progress.model_copy(update={"split_list_sha256": split_list_sha256})
     return StageChange(
         lifecycle=attempt_lifecycle(row.lifecycle, suspended=suspended),
         epoch=row.epoch + 1,
         total_splits=total_splits,
+        progress=progress,
     )
 
 
@@ -224,6 +236,7 @@ def restore(row: StageRow, decision: StageRestore, checkpoint_id: int) -> StageC
         state=decision.state,
         watermark=decision.watermark,
         end_of_data=decision.end_of_data if skip else None,
+        split_list_sha256=decision.split_list_sha256,
     )
     if skip:
         return StageChange(

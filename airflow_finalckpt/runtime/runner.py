@@ -36,6 +36,7 @@ from airflow_finalckpt.core.model import (
     output_parts,
 )
 from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.split_list import split_list_change, split_list_fingerprint
 from airflow_finalckpt.core.views import StageView, StopRequest, draining, suspends
 from airflow_finalckpt.runtime.batches import (
     BatchSizer,
@@ -119,11 +120,29 @@ class StageRunner:
 
     # ------------------------------------------------------------------ running
 
+    def _warn_changed_split_list(self, view: StageView, recorded: str | None) -> None:
+        """A resumed stage whose declared split list is not the one its progress was
+        recorded with: say how they differ (nothing is dropped, see ``core.split_list``).
+        """
+        if view.lifecycle.is_finished:
+            return
+        finished = view.progress.finished_splits
+        change = split_list_change(recorded, self.spec.splits, finished)
+        if change is not None:
+            source = self.coordinator.restored_from() or "(the stage's recorded progress)"
+            warn = getattr(self.log, "warning", self.log.info)  # Log promises only info
+            warn("%s", change.describe(self.spec.stage_id, source))
+
     def run(self) -> RunResult:
         """Process the pending splits and finish; or stop at a savepoint; or skip if done."""
         stage_id = self.spec.stage_id
-        view = self.coordinator.start_attempt(stage_id, total_splits=len(self.spec.splits))
+        declared = split_list_fingerprint(self.spec.splits)
+        recorded = self.coordinator.stage(stage_id).progress.split_list_sha256
+        view = self.coordinator.start_attempt(
+            stage_id, total_splits=len(self.spec.splits), split_list_sha256=declared
+        )
         self.epoch = view.epoch
+        self._warn_changed_split_list(view, recorded)
         skipped = self._skip(view)
         if skipped is not None:
             return skipped

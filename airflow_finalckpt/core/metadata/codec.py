@@ -99,6 +99,7 @@ def _stage_json(stage: StageCheckpointRecord) -> dict[str, Any]:
         "pending_transactions": _transactions_json(stage),
         "watermark": stage.watermark,
         "end_of_data": _end_of_data_json(stage.end_of_data),
+        "split_list_sha256": stage.split_list_sha256,
     }
 
 
@@ -110,6 +111,7 @@ def _is_bare(stage: StageCheckpointRecord) -> bool:
         or stage.pending_transactions
         or stage.watermark is not None
         or stage.end_of_data is not None
+        or stage.split_list_sha256 is not None
     )
 
 
@@ -204,6 +206,7 @@ def _stage_to_record(stage_id: str, stage: StageV2) -> StageCheckpointRecord:
         pending_transactions=_transactions(stage),
         watermark=stage.watermark,
         end_of_data=_end_of_data(stage),
+        split_list_sha256=stage.split_list_sha256,
     )
 
 

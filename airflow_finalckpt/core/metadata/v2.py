@@ -9,7 +9,9 @@ What changed against version 1 (issue 16: a checkpoint costs what is running, no
   ids and no state: a fully finished stage is restored from the flag and its end_of_data alone.
 - ``stages``: the stages with progress or state (RUNNING, PARTIALLY_FINISHED, and NOT_STARTED
   ones that carry anything), readable; finished split ids as a compact split set
-  (``compact.encode_split_set``: front-coded, compressed, with the set's sha256 fingerprint).
+  (``compact.encode_split_set``: front-coded, compressed, with the set's sha256 fingerprint)
+  and the fingerprint of the split list the stage declared (``split_list_sha256``, so a
+  changed split list is detected on restore; "unknown" (null) when upgraded from version 1).
 - ``not_started``: the ids of the NOT_STARTED stages that carry nothing.
 - ``graph``: packed (it is O(stages) and only read on restore).
 
@@ -84,6 +86,9 @@ class StageV2(_V2Model):
     pending_transactions: list[SinkTransactionV1]
     watermark: int | None = Field(ge=_INT64_MIN, le=_INT64_MAX)
     end_of_data: EndOfDataV1 | None
+    #: sha256 of the split list the stage declared, in declared order (``core.split_list``);
+    #: None: not known (written before it was kept, or upgraded from version 1).
+    split_list_sha256: str | None = Field(pattern=_SHA256)
 
 
 class CheckpointBodyV2(_V2Model):
@@ -128,6 +133,7 @@ def _stage_v1_to_v2(stage: StageV1) -> dict[str, Any]:
         "pending_transactions": [t.model_dump(mode="json") for t in stage.pending_transactions],
         "watermark": stage.watermark,
         "end_of_data": None if stage.end_of_data is None else stage.end_of_data.model_dump(),
+        "split_list_sha256": None,
     }
 
 

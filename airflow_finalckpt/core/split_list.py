@@ -1,0 +1,59 @@
+"""A stage's declared split list and whether it changed since its progress was recorded.
+
+Checkpoints keep a stage's finished split *ids* (not a bitmap over the declared order), so a
+changed list never misreads progress; what the ids alone cannot tell is that the list itself
+changed (splits added or removed since). The stage's progress records the fingerprint of the
+list it declared (sha256 of its ids in declared order); a restored attempt declaring another
+list is told how the two differ. Progress is never dropped: finished splits no longer declared
+keep their committed output, declared splits not finished are processed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+
+def split_list_fingerprint(splits: Sequence[str]) -> str:
+    """The sha256 of the split ids in declared order (as a compact JSON array)."""
+    if isinstance(splits, str):
+        raise TypeError("splits must be a sequence of split ids, not one string")
+    text = json.dumps(list(splits), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class SplitListChange:
+    """How a declared split list differs from the one the progress was recorded with:
+    ``undeclared_finished`` finished splits are no longer declared (their output stays
+    committed), ``pending`` declared splits are not finished (they will be processed).
+    """
+
+    undeclared_finished: int
+    pending: int
+
+    def describe(self, stage_id: str, checkpoint: str) -> str:
+        """One warning line for the task log."""
+        return (
+            f"stage {stage_id}: split list changed since checkpoint {checkpoint} (its "
+            f"fingerprint differs): {self.undeclared_finished} finished split(s) are no longer "
+            f"declared (their output stays committed, nothing is undone) and {self.pending} "
+            "declared split(s) are not finished (they will be processed)"
+        )
+
+
+def split_list_change(
+    recorded: str | None, declared: Sequence[str], finished: Collection[str]
+) -> SplitListChange | None:
+    """None when the list is unchanged or the recorded fingerprint is unknown (progress
+    written before fingerprints were kept, or no progress); else how the lists differ.
+    """
+    if recorded is None or recorded == split_list_fingerprint(declared):
+        return None
+    wanted = set(declared)
+    return SplitListChange(
+        undeclared_finished=sum(1 for s in finished if s not in wanted),
+        pending=sum(1 for s in wanted if s not in finished),
+    )

@@ -1,0 +1,145 @@
+"""A changed split list through the real stage runtime (SQLite coordinator, local checkpoint
+storage, a fake stage logic): the resumed attempt warns once with the counts, processes the
+declared splits not finished and keeps all progress; the checkpoint records the fingerprint
+and a restore from it detects the change. Pure rules: test_split_list.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import StageLifecycle, StateHandle, TriggerReason
+from airflow_finalckpt.core.split_list import split_list_fingerprint
+from airflow_finalckpt.runtime.runner import Batch, BatchOutput, StageRunner, StageSpec
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+KEY = "split-list"
+FIRST = tuple(f"s{i}" for i in range(6))
+#: s6, s7 added (a list that drops finished splits is refused: core/assignment.py)
+SECOND = (*FIRST, "s6", "s7")
+SHRUNK = FIRST[2:]
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class Logic:
+    """Processes splits; crashes in batch ``crash_in_batch`` (0-based) if given."""
+
+    def __init__(self, crash_in_batch: int | None = None) -> None:
+        self.crash_in_batch = crash_in_batch
+        self.batches = 0
+        self.processed: list[str] = []
+
+    def restore(self, state: Sequence[StateHandle], watermark: int | None) -> None:
+        del state, watermark
+
+    def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
+        if self.batches == self.crash_in_batch:
+            raise Crash("crash")
+        self.batches += 1
+        self.processed.extend(batch.splits)
+        return BatchOutput()
+
+    def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
+        return BatchOutput()
+
+
+class Recorder:
+    """A logger keeping what was logged, by level."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def info(self, event: Any, *args: Any, **kw: Any) -> None:
+        self.lines.append(("info", str(event) % args))
+
+    def warning(self, event: Any, *args: Any, **kw: Any) -> None:
+        self.lines.append(("warning", str(event) % args))
+
+    def warnings(self) -> list[str]:
+        return [text for level, text in self.lines if level == "warning"]
+
+
+def coordinator(url: str, storage: CheckpointStorage) -> Coordinator:
+    engine = make_engine(url)
+    ensure_schema(engine)
+    coord = Coordinator(engine, KEY, writer=storage)
+    coord.register(StageGraph.from_edges(["a"], []))
+    return coord
+
+
+def run(coord: Coordinator, splits: tuple[str, ...], logic: Logic, log: Recorder) -> None:
+    spec = StageSpec(pipeline_key=KEY, stage_id="a", splits=splits, batch_size=2)
+    StageRunner(coord, spec, logic, log=log).run()
+
+
+def test_a_resumed_attempt_with_a_changed_list_warns_and_keeps_progress(tmp_path: Path) -> None:
+    coord = coordinator(f"sqlite:///{tmp_path}/store.db", CheckpointStorage(str(tmp_path)))
+    first = Logic(crash_in_batch=2)
+    with pytest.raises(Crash):
+        run(coord, FIRST, first, Recorder())
+    assert set(first.processed) == {"s0", "s1", "s2", "s3"}
+    assert coord.stage("a").progress.split_list_sha256 == split_list_fingerprint(FIRST)
+
+    # finished splits no longer declared: the warning counts them, then the attempt is
+    # refused as before (it could process data twice), progress kept
+    log = Recorder()
+    with pytest.raises(ValueError, match="not among the stage's current splits"):
+        run(coord, SHRUNK, Logic(), log)
+    [warning] = log.warnings()
+    assert "stage a: split list changed" in warning
+    assert "2 finished split(s) are no longer declared" in warning  # s0, s1
+    assert coord.stage("a").progress.finished_splits == {"s0", "s1", "s2", "s3"}
+
+    log, second = Recorder(), Logic()
+    run(coord, SECOND, second, log)
+    [warning] = log.warnings()
+    assert "0 finished split(s) are no longer declared" in warning
+    assert "4 declared split(s) are not finished" in warning  # s4, s5, s6, s7
+    assert second.processed == ["s4", "s5", "s6", "s7"]
+    view = coord.stage("a")
+    assert view.lifecycle is StageLifecycle.FINISHED
+    assert view.progress.split_list_sha256 == split_list_fingerprint(SECOND)
+    assert view.progress.finished_splits == set(SECOND)  # progress is never dropped
+
+    # the same list again: no warning
+    log = Recorder()
+    run(coord, SECOND, Logic(), log)
+    assert log.warnings() == []
+
+
+def test_a_restore_detects_the_changed_list(tmp_path: Path) -> None:
+    storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    coord = coordinator(f"sqlite:///{tmp_path}/first.db", storage)
+    with pytest.raises(Crash):
+        run(coord, FIRST, Logic(crash_in_batch=1), Recorder())
+    cid = coord.trigger(TriggerReason.MANUAL)  # the next attempt's first batch answers it
+    assert cid is not None
+    with pytest.raises(Crash):
+        run(coord, FIRST, Logic(crash_in_batch=1), Recorder())
+    path = coord.checkpoint(cid).metadata_path
+    assert path is not None
+    record = storage.read_checkpoint(path)
+    stage = record.stages["a"]
+    assert stage.finished_splits == {"s0", "s1", "s2", "s3"}
+    assert stage.split_list_sha256 == split_list_fingerprint(FIRST)
+
+    fresh = coordinator(f"sqlite:///{tmp_path}/fresh.db", storage)
+    fresh.start_pipeline(StageGraph.from_edges(["a"], []), record=record, source=path)
+    log, logic = Recorder(), Logic()
+    run(fresh, SECOND, logic, log)
+    [warning] = log.warnings()
+    assert f"split list changed since checkpoint {path}" in warning
+    assert "0 finished split(s) are no longer declared" in warning
+    assert "4 declared split(s) are not finished" in warning
+    assert logic.processed == list(SECOND[4:])

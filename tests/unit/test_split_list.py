@@ -1,0 +1,74 @@
+"""The declared split list's fingerprint and how a changed list is described (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from airflow_finalckpt.core.metadata import dump_metadata, load_metadata
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointRecord,
+    StageCheckpointRecord,
+    StageStatus,
+    TriggerReason,
+)
+from airflow_finalckpt.core.split_list import split_list_change, split_list_fingerprint
+
+
+def test_fingerprint_is_the_sha256_of_the_ids_in_declared_order() -> None:
+    fp = split_list_fingerprint(["b", "a"])
+    assert fp == hashlib.sha256(b'["b","a"]').hexdigest()
+    assert fp != split_list_fingerprint(["a", "b"])  # order matters: the declared order
+    assert split_list_fingerprint([]) == hashlib.sha256(b"[]").hexdigest()
+
+
+def test_fingerprint_refuses_one_string() -> None:
+    with pytest.raises(TypeError, match="not one string"):
+        split_list_fingerprint("abc")
+
+
+def test_no_change_when_the_same_list_or_unknown() -> None:
+    declared = ["a", "b", "c"]
+    assert split_list_change(split_list_fingerprint(declared), declared, {"a"}) is None
+    assert split_list_change(None, declared, {"a", "z"}) is None
+
+
+def test_a_changed_list_counts_undeclared_finished_and_pending_splits() -> None:
+    recorded = split_list_fingerprint(["a", "b", "c", "d"])
+    change = split_list_change(recorded, ["b", "c", "e", "f", "g"], {"a", "b", "d"})
+    assert change is not None
+    assert (change.undeclared_finished, change.pending) == (2, 4)  # a, d | c, e, f, g
+    line = change.describe("orders", "file:///chk-7/_metadata")
+    assert "stage orders" in line and "file:///chk-7/_metadata" in line
+    assert "2 finished split(s) are no longer declared" in line
+    assert "4 declared split(s) are not finished" in line
+
+
+def test_metadata_v2_carries_the_fingerprint() -> None:
+    fp = split_list_fingerprint(["a", "b"])
+    record = CheckpointRecord(
+        pipeline_key="k",
+        checkpoint_id=3,
+        kind=CheckpointKind.CHECKPOINT,
+        reason=TriggerReason.MANUAL,
+        graph={"stages": {"s": []}},
+        graph_fingerprint="g",
+        triggered_at=1.0,
+        completed_at=2.0,
+        stages={
+            "s": StageCheckpointRecord(
+                stage_id="s",
+                status=StageStatus.PARTIALLY_FINISHED,
+                finished_splits=frozenset({"a"}),
+                split_list_sha256=fp,
+            )
+        },
+    )
+    assert load_metadata(dump_metadata(record)).stages["s"].split_list_sha256 == fp
+
+
+def test_a_bad_fingerprint_is_refused() -> None:
+    with pytest.raises(ValueError, match="split_list_sha256"):
+        StageCheckpointRecord(stage_id="s", status=StageStatus.RUNNING, split_list_sha256="x")
