@@ -168,11 +168,12 @@ class Checkpointing:
             progress = tx.rows.stage_row(stage_id).progress
         snapshot = rules.ack_snapshot(progress, tx.rows.uncommitted(stage_id))
         acked_at = self.clock()
-        tx.rows.insert_ack(checkpoint_id, stage_id, epoch, by_finish, snapshot, acked_at)
-        if not target.due:  # joined: nobody waited for it
+        remaining = target.acks_pending - 1 if target.due else None
+        tx.rows.record_ack(
+            checkpoint_id, stage_id, epoch, by_finish, snapshot, acked_at, remaining=remaining
+        )
+        if remaining is None:  # joined: nobody waited for it
             return AckOutcome.ACCEPTED
-        tx.rows.ack_done(checkpoint_id, stage_id)
-        remaining = target.acks_pending - 1
         event = observe.CheckpointAcknowledged(
             self.key,
             checkpoint_id,
@@ -182,7 +183,6 @@ class Checkpointing:
             remaining == 0,
         )
         tx.after_commit.append(partial(observe.notify, event))
-        tx.rows.set_acks_pending(checkpoint_id, remaining)
         if remaining == 0 and self.complete(tx, checkpoint_id):
             return AckOutcome.COMPLETED
         return AckOutcome.ACCEPTED

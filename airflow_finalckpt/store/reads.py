@@ -446,7 +446,7 @@ class StoreReader(AckReader):
         rows = self.conn.execute(
             select(s.stage_id, s.progress).where(s.pipeline_key == self.key, s.lifecycle.in_(idle))
         ).all()
-        return {str(sid): parse_snapshot(data) for sid, data in rows}
+        return {str(sid): _progress(data) for sid, data in rows}
 
     def uncommitted_of(self, stage_ids: Collection[str]) -> dict[str, list[SinkTransaction]]:
         """The pre-committed transactions of ``stage_ids`` (each by sink and transaction id),
@@ -466,6 +466,18 @@ class StoreReader(AckReader):
             if row["stage_id"] in wanted:
                 found[row["stage_id"]].append(r.sink_transaction(row))
         return found
+
+
+#: A stage's progress before it did anything, shared (snapshots are frozen): most stages that
+#: have not started hold exactly this, and validating thousands of them cost a completion more
+#: than reading them.
+EMPTY_PROGRESS = StageSnapshot()
+_EMPTY_PROGRESS_DATA = r.dump(EMPTY_PROGRESS)
+
+
+def _progress(data: Any) -> StageSnapshot:
+    """A stored progress, the shared empty one without validating it."""
+    return EMPTY_PROGRESS if data == _EMPTY_PROGRESS_DATA else parse_snapshot(data)
 
 
 #: Lifecycles of a stage whose finish() ran.

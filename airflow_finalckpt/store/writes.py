@@ -40,11 +40,30 @@ _UPDATE_CHECKPOINT = update(t.checkpoints).where(
     t.checkpoints.c.pipeline_key == bindparam("b_key"),
     t.checkpoints.c.checkpoint_id == bindparam("b_cid"),
 )
-_INSERT_ACK = t.acks.insert()
+_INSERT_ACK = t.acks.insert().values(
+    pipeline_key=bindparam("b_key"),
+    checkpoint_id=bindparam("b_cid"),
+    stage_id=bindparam("b_stage"),
+    epoch=bindparam("b_epoch"),
+    by_finish=bindparam("b_by_finish"),
+    snapshot=bindparam("b_snapshot", type_=t.acks.c.snapshot.type),
+    acked_at=bindparam("b_acked_at"),
+)
 _DELETE_DUE = t.acks_due.delete().where(
     t.acks_due.c.pipeline_key == bindparam("b_key"),
     t.acks_due.c.checkpoint_id == bindparam("b_cid"),
     t.acks_due.c.stage_id == bindparam("b_stage"),
+)
+#: PostgreSQL: the acknowledgement, its acks_due row's delete and the count of acknowledgements
+#: still pending in one statement (data-modifying CTEs always run to completion).
+_INSERT_ACK_DUE_DONE = _INSERT_ACK.add_cte(_DELETE_DUE.cte("done_due")).add_cte(
+    update(t.checkpoints)
+    .where(
+        t.checkpoints.c.pipeline_key == bindparam("b_key"),
+        t.checkpoints.c.checkpoint_id == bindparam("b_cid"),
+    )
+    .values(acks_pending=bindparam("b_remaining"))
+    .cte("counted")
 )
 _STAMP = (
     update(t.transactions)
@@ -210,16 +229,6 @@ class StoreWriter(StoreReader):
     def _update_checkpoint(self, checkpoint_id: int, values: Mapping[str, Any]) -> None:
         self.conn.execute(_UPDATE_CHECKPOINT, {**values, "b_key": self.key, "b_cid": checkpoint_id})
 
-    def set_acks_pending(self, checkpoint_id: int, remaining: int) -> None:
-        """Count down the acknowledgements a checkpoint waits for."""
-        self._update_checkpoint(checkpoint_id, {"acks_pending": remaining})
-
-    def ack_done(self, checkpoint_id: int, stage_id: str) -> None:
-        """The checkpoint no longer waits for the stage (its row in ``finalckpt_acks_due``)."""
-        self.conn.execute(
-            _DELETE_DUE, {"b_key": self.key, "b_cid": checkpoint_id, "b_stage": stage_id}
-        )
-
     def _forget_due(self, checkpoint_id: int) -> None:
         """A checkpoint that is no longer pending waits for nobody."""
         due = t.acks_due.c
@@ -260,7 +269,7 @@ class StoreWriter(StoreReader):
         """DISCARDED by retention."""
         self._update_checkpoint(checkpoint_id, {"state": CheckpointState.DISCARDED.value})
 
-    def insert_ack(
+    def record_ack(
         self,
         checkpoint_id: int,
         stage_id: str,
@@ -268,20 +277,31 @@ class StoreWriter(StoreReader):
         by_finish: bool,
         snapshot: StageSnapshot,
         now: float,
+        *,
+        remaining: int | None,
     ) -> None:
-        """Record an acknowledgement."""
-        self.conn.execute(
-            _INSERT_ACK,
-            {
-                "pipeline_key": self.key,
-                "checkpoint_id": checkpoint_id,
-                "stage_id": stage_id,
-                "epoch": epoch,
-                "by_finish": by_finish,
-                "snapshot": r.dump(snapshot),
-                "acked_at": now,
-            },
-        )
+        """Record an acknowledgement; ``remaining``: the checkpoint waited for the stage, it no
+        longer does (its ``finalckpt_acks_due`` row goes) and waits for that many more (None: a
+        finish joined it, nobody waited). On PostgreSQL one statement (the delete and the count
+        as data-modifying CTEs: one round trip instead of three), else three.
+        """
+        params = {
+            "b_key": self.key,
+            "b_cid": checkpoint_id,
+            "b_stage": stage_id,
+            "b_epoch": epoch,
+            "b_by_finish": by_finish,
+            "b_snapshot": r.dump(snapshot),
+            "b_acked_at": now,
+        }
+        if remaining is None:
+            self.conn.execute(_INSERT_ACK, params)
+        elif self.conn.dialect.name == "postgresql":
+            self.conn.execute(_INSERT_ACK_DUE_DONE, {**params, "b_remaining": remaining})
+        else:
+            self.conn.execute(_INSERT_ACK, params)
+            self.conn.execute(_DELETE_DUE, params)
+            self._update_checkpoint(checkpoint_id, {"acks_pending": remaining})
 
     # ------------------------------------------------------------------ transactions
 
