@@ -34,10 +34,10 @@ class SplitListChange:
     undeclared_finished: int
     pending: int
 
-    def describe(self, stage_id: str, checkpoint: str) -> str:
-        """One warning line for the task log."""
+    def describe(self, stage_id: str, since: str) -> str:
+        """One warning line for the task log; ``since``: where the progress came from."""
         return (
-            f"stage {stage_id}: split list changed since checkpoint {checkpoint} (its "
+            f"stage {stage_id}: split list changed since {since} (its "
             f"fingerprint differs): {self.undeclared_finished} finished split(s) are no longer "
             f"declared (their output stays committed, nothing is undone) and {self.pending} "
             "declared split(s) are not finished (they will be processed)"

@@ -129,7 +129,8 @@ class StageRunner:
         finished = view.progress.finished_splits
         change = split_list_change(recorded, self.spec.splits, finished)
         if change is not None:
-            source = self.coordinator.restored_from() or "(the stage's recorded progress)"
+            restored = self.coordinator.restored_from()
+            source = "its last attempt" if restored is None else f"checkpoint {restored}"
             warn = getattr(self.log, "warning", self.log.info)  # Log promises only info
             warn("%s", change.describe(self.spec.stage_id, source))
 

@@ -97,7 +97,7 @@ def test_a_resumed_attempt_with_a_changed_list_warns_and_keeps_progress(tmp_path
     with pytest.raises(ValueError, match="not among the stage's current splits"):
         run(coord, SHRUNK, Logic(), log)
     [warning] = log.warnings()
-    assert "stage a: split list changed" in warning
+    assert "stage a: split list changed since its last attempt" in warning
     assert "2 finished split(s) are no longer declared" in warning  # s0, s1
     assert coord.stage("a").progress.finished_splits == {"s0", "s1", "s2", "s3"}
 

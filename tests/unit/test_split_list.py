@@ -40,8 +40,8 @@ def test_a_changed_list_counts_undeclared_finished_and_pending_splits() -> None:
     change = split_list_change(recorded, ["b", "c", "e", "f", "g"], {"a", "b", "d"})
     assert change is not None
     assert (change.undeclared_finished, change.pending) == (2, 4)  # a, d | c, e, f, g
-    line = change.describe("orders", "file:///chk-7/_metadata")
-    assert "stage orders" in line and "file:///chk-7/_metadata" in line
+    line = change.describe("orders", "checkpoint file:///chk-7/_metadata")
+    assert line.startswith("stage orders: split list changed since checkpoint file:///chk-7/")
     assert "2 finished split(s) are no longer declared" in line
     assert "4 declared split(s) are not finished" in line
 
