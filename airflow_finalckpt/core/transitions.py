@@ -49,19 +49,27 @@ def may_trigger(reason: TriggerReason, stop: StopRequest | None, has_pending: bo
 def live_progress(graph: StageGraph, rows: Mapping[str, StageRow]) -> dict[str, StageProgress]:
     """What the plan calculator needs of each stage of ``graph``. A row read without its
     progress (a finished stage, ``StoreReader.plan_rows``) gives no split ids: the plan records
-    a finished stage as a flag, so its progress is neither parsed nor needed.
+    a finished stage as a flag, so its progress is neither parsed nor needed; nor is a progress
+    without finished splits (a stage that has not started). The values are typed already (the
+    row's enum, a frozenset): built without validating them again (10,000 stages a trigger).
     """
     return {
-        sid: StageProgress(
+        sid: StageProgress.model_construct(
             lifecycle=row.lifecycle,
-            finished_splits=(
-                frozenset() if row.progress_data is None else row.progress.finished_splits
-            ),
+            finished_splits=finished_split_ids(row),
             total_splits=row.total_splits,
         )
         for sid, row in rows.items()
         if sid in graph
     }
+
+
+def finished_split_ids(row: StageRow) -> frozenset[str]:
+    """The row's finished split ids, without parsing a progress that has none."""
+    data = row.progress_data
+    if data is None or not data.get("finished_splits"):
+        return frozenset()
+    return row.progress.finished_splits
 
 
 def covered_on_trigger(plan: CheckpointPlan, rows: Mapping[str, StageRow]) -> list[str]:

@@ -156,6 +156,22 @@ def test_live_progress_of_a_row_read_without_its_progress() -> None:
     assert plan.partially_finished == {"b": frozenset({"b0"})}
 
 
+def test_live_progress_parses_no_progress_without_finished_splits() -> None:
+    """An empty split list needs no parse (a bad rest would have raised); a non-empty one is
+    parsed and validated; the progress values keep their types.
+    """
+    g = graph({"a": (), "b": ()})
+    empty = replace(row("a"), progress_data={"finished_splits": [], "state": "not parsed"})
+    rows = {"a": empty, "b": row("b", splits=("b1", "b0"))}
+    live = rules.live_progress(g, rows)
+    assert live["a"].finished_splits == frozenset() and live["a"].lifecycle is row("a").lifecycle
+    assert live["b"].finished_splits == frozenset({"b0", "b1"})
+    assert live["b"].total_splits == rows["b"].total_splits
+    bad = replace(row("b"), progress_data={"finished_splits": ["b0"], "state": "not a list"})
+    with pytest.raises(ValueError):
+        rules.live_progress(g, {"b": bad})
+
+
 # ---------------------------------------------------------------------------------- ack
 
 
