@@ -162,11 +162,13 @@ class Checkpointing:
         gate = rules.ack_gate(checkpoint_id, stage_id, target, joins=joins)
         if gate is not None:
             return gate
-        if rules.stamps_on_ack(checkpoint_id, target.newest_acked):
-            tx.rows.stamp_transactions(stage_id, checkpoint_id)
+        stamps = rules.stamps_on_ack(checkpoint_id, target.newest_acked)
+        uncommitted = tx.rows.stamp_and_read_uncommitted(
+            stage_id, checkpoint_id if stamps else None
+        )
         if progress is None:
             progress = tx.rows.stage_row(stage_id).progress
-        snapshot = rules.ack_snapshot(progress, tx.rows.uncommitted(stage_id))
+        snapshot = rules.ack_snapshot(progress, uncommitted)
         acked_at = self.clock()
         remaining = target.acks_pending - 1 if target.due else None
         tx.rows.record_ack(

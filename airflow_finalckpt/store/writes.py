@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, bindparam, select, update
+from sqlalchemy import Connection, RowMapping, bindparam, select, union_all, update
 
 from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import StageGraph
@@ -75,6 +75,20 @@ _STAMP = (
     )
     .values(checkpoint_id=bindparam("b_cid"))
 )
+#: PostgreSQL: ``_STAMP`` and the stage's uncommitted transactions after it in one statement.
+#: The outer query sees the rows as they were before it (a data-modifying CTE's changes are not
+#: visible to it), so the rows stamped now come from the CTE's RETURNING, the others from the
+#: table.
+_STAMPED = _STAMP.returning(*t.transactions.c).cte("stamped")
+_STAMP_AND_READ = union_all(
+    select(*t.transactions.c).where(
+        t.transactions.c.pipeline_key == bindparam("b_key"),
+        t.transactions.c.stage_id == bindparam("b_stage"),
+        t.transactions.c.state == TransactionState.PRECOMMITTED.value,
+        t.transactions.c.checkpoint_id.is_not(None),
+    ),
+    select(*_STAMPED.c),
+).order_by("sink_id", "txn_id")
 _LOCK_PIPELINE = (
     select(*(c for c in t.pipelines.c if c.name != "graph"))
     .where(t.pipelines.c.pipeline_key == bindparam("b_key"))
@@ -332,6 +346,21 @@ class StoreWriter(StoreReader):
     def stamp_transactions(self, stage_id: str, checkpoint_id: int) -> None:
         """The stage's uncovered pre-committed transactions are covered by ``checkpoint_id``."""
         self.conn.execute(_STAMP, {"b_key": self.key, "b_stage": stage_id, "b_cid": checkpoint_id})
+
+    def stamp_and_read_uncommitted(
+        self, stage_id: str, checkpoint_id: int | None
+    ) -> list[SinkTransaction]:
+        """``stamp_transactions`` (unless ``checkpoint_id`` is None) then ``uncommitted``: what
+        an acknowledgement records; one round trip on PostgreSQL.
+        """
+        if checkpoint_id is None:
+            return self.uncommitted(stage_id)
+        if self.conn.dialect.name != "postgresql":
+            self.stamp_transactions(stage_id, checkpoint_id)
+            return self.uncommitted(stage_id)
+        params = {"b_key": self.key, "b_stage": stage_id, "b_cid": checkpoint_id}
+        rows = self.conn.execute(_STAMP_AND_READ, params).mappings()
+        return [r.sink_transaction(row) for row in rows]
 
     def stamp_stages_transactions(self, stage_ids: Sequence[str], checkpoint_id: int) -> None:
         """``stamp_transactions`` of several stages in one statement (what a trigger covers)."""
