@@ -264,7 +264,7 @@ class Coordinator(CoordinatorReads):
         checkpoint that waits for this stage, in one transition.
         """
         with self._transition() as tx:
-            row = tx.rows.stage_row(stage_id)
+            row, _ = tx.rows.stage_row_and_stop(stage_id)  # the stop is kept for the outcome
             stage_rules.fence(row, epoch)
             delta = StageSnapshot(
                 finished_splits=frozenset(finished_splits),

@@ -69,6 +69,33 @@ _LATEST_STOP = (
 )
 
 
+def _stage_row_and_stop_statement() -> Any:
+    """``_STAGE_ROW`` with the pipeline's latest stop request (LEFT JOIN: none yet) as
+    ``stop_``-prefixed columns: what a batch boundary reads, in one round trip.
+    """
+    stops = t.stop_requests
+    latest = (
+        select(func.max(stops.c.request_id))
+        .where(stops.c.pipeline_key == bindparam("b_key"))
+        .scalar_subquery()
+    )
+    joined = t.stages.outerjoin(
+        stops,
+        (stops.c.pipeline_key == t.stages.c.pipeline_key) & (stops.c.request_id == latest),
+    )
+    return (
+        select(*t.stages.c, *(c.label(f"stop_{c.name}") for c in stops.c))
+        .select_from(joined)
+        .where(
+            t.stages.c.pipeline_key == bindparam("b_key"),
+            t.stages.c.stage_id == bindparam("b_stage"),
+        )
+    )
+
+
+_STAGE_ROW_AND_STOP = _stage_row_and_stop_statement()
+
+
 class StoreReader(AckReader):
     """Reads of one pipeline's rows over ``conn`` (the acknowledgement reads: ``AckReader``)."""
 
@@ -165,6 +192,19 @@ class StoreReader(AckReader):
         if row is None:
             raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
         return r.stage_row(row)
+
+    def stage_row_and_stop(self, stage_id: str) -> tuple[StageRow, StopRequest | None]:
+        """``stage_row`` and ``latest_stop`` in one statement; UnknownStageError as
+        ``stage_row``.
+        """
+        params = {"b_key": self.key, "b_stage": stage_id}
+        row = self.conn.execute(_STAGE_ROW_AND_STOP, params).mappings().first()
+        if row is None:
+            raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
+        stop = None
+        if row["stop_request_id"] is not None:
+            stop = r.stop_request({c.name: row[f"stop_{c.name}"] for c in t.stop_requests.c})
+        return r.stage_row(row), stop
 
     def stage_finish_state(self, stage_id: str) -> tuple[StageLifecycle, int | None]:
         """Lifecycle and finish threshold only (no progress JSON): the waiters' hot read."""

@@ -135,7 +135,7 @@ def sink_transaction(row: RowMapping) -> SinkTransaction:
     )
 
 
-def stop_request(row: RowMapping) -> StopRequest:
+def stop_request(row: Mapping[Any, Any]) -> StopRequest:
     """A ``finalckpt_stop_requests`` row."""
     return StopRequest(
         request_id=int(row["request_id"]),

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, bindparam, select, union_all, update
@@ -24,7 +25,7 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
 )
 from airflow_finalckpt.core.plan import CheckpointPlan
-from airflow_finalckpt.core.views import CoordinatorOptions, StageChange
+from airflow_finalckpt.core.views import CoordinatorOptions, StageChange, StageRow, StopRequest
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.reads import StoreReader
@@ -96,6 +97,15 @@ _LOCK_PIPELINE = (
 )
 
 
+class _Unread(Enum):
+    """Marks the cached latest stop request as not read yet."""
+
+    UNREAD = "unread"
+
+
+_UNREAD = _Unread.UNREAD
+
+
 class StoreWriter(StoreReader):
     """Reads and writes of one pipeline's rows within its locked transition; ``pipeline`` is
     the locked pipeline row (every column but the graph).
@@ -104,6 +114,22 @@ class StoreWriter(StoreReader):
     def __init__(self, conn: Connection, pipeline_key: str, pipeline: RowMapping) -> None:
         super().__init__(conn, pipeline_key)
         self.pipeline = pipeline
+        #: The latest stop request as last read in this transition (``_UNREAD``: read it). The
+        #: pipeline is locked, so only this transition's ``insert_stop`` / ``update_stop`` can
+        #: change it; they forget it.
+        self._stop: StopRequest | _Unread | None = _UNREAD
+
+    def latest_stop(self) -> StopRequest | None:
+        """The newest stop request (read once per transition until a stop is written)."""
+        if isinstance(self._stop, _Unread):
+            self._stop = super().latest_stop()
+        return self._stop
+
+    def stage_row_and_stop(self, stage_id: str) -> tuple[StageRow, StopRequest | None]:
+        """``StoreReader.stage_row_and_stop``; the stop read is kept for ``latest_stop``."""
+        row, stop = super().stage_row_and_stop(stage_id)
+        self._stop = stop
+        return row, stop
 
     @property
     def fingerprint(self) -> str:
@@ -429,6 +455,7 @@ class StoreWriter(StoreReader):
 
     def insert_stop(self, mode: StopMode, requested_by: str | None, now: float) -> int:
         """A new stop request in REQUESTED; returns its id."""
+        self._stop = _UNREAD
         inserted = self.conn.execute(
             t.stop_requests.insert().values(
                 pipeline_key=self.key,
@@ -452,6 +479,7 @@ class StoreWriter(StoreReader):
         requested_by: str | None = None,
     ) -> None:
         """Write the given fields of a stop request (None: left as is)."""
+        self._stop = _UNREAD
         values: dict[str, Any] = {}
         if state is not None:
             values["state"] = state.value
