@@ -70,6 +70,19 @@ def test_the_empty_string_is_a_split_id_too() -> None:
     assert decode_split_set(encode_split_set({"", "a", "ab"})) == {"", "a", "ab"}
 
 
+def test_front_coding_shares_the_longest_prefix_with_the_previous_id() -> None:
+    # Shared lengths that grow, shrink, stay and hit the shorter id's end (the guess of the
+    # previous pair is wrong in both directions).
+    ids = ["", "a", "ab", "abc", "abd", "abdz", "b", "ba", "bb", "bb0", "bc0"]
+    encoded = encode_split_set(ids)
+    coded = json.loads(zlib.decompress(base64.b64decode(encoded["data"])))
+    pairs = list(zip(coded[::2], coded[1::2], strict=True))
+    assert pairs == [
+        (0, ""), (0, "a"), (1, "b"), (2, "c"), (2, "d"), (3, "z"),
+        (0, "b"), (1, "a"), (1, "b"), (2, "0"), (1, "c0"),
+    ]  # fmt: skip
+
+
 def recoded(encoded: dict[str, Any], coded: Any) -> dict[str, Any]:
     data = zlib.compress(json.dumps(coded).encode())
     return dict(encoded, data=base64.b64encode(data).decode())

@@ -157,7 +157,8 @@ def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
     finished: dict[str, Any] = {}
     stages: dict[str, Any] = {}
     not_started: list[str] = []
-    for sid, stage in sorted(record.stages.items()):
+    for sid in sorted(record.stages):
+        stage = record.stages[sid]
         if stage.status is StageStatus.FULLY_FINISHED:
             finished[sid] = _finished_json(stage)
             continue
