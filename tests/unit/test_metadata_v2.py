@@ -293,3 +293,27 @@ def test_a_fully_finished_stage_without_a_json_form_is_refused_naming_the_field(
     message = str(caught.value)
     assert "cannot write checkpoint 9 of pipeline 'scale'" in message
     assert "body.fully_finished.a.pending_transactions.0.payload.at" in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["lone \udc80 surrogate", "caf\u00e9 \U0001f600", 'quote " and \\ backslash'],
+)
+def test_fully_finished_stages_round_trip_any_python_text(text: str) -> None:
+    # The encoder checks them through the JSON parser first; text that parser refuses (a lone
+    # surrogate) must still be written, by the exact path.
+    stage = StageCheckpointRecord(
+        stage_id="a",
+        status=StageStatus.FULLY_FINISHED,
+        pending_transactions=(SinkTransaction(sink_id=text, txn_id="t", payload={text: text}),),
+        end_of_data=EndOfData(manifest=[text]),
+    )
+    record = record_with({"a": stage})
+    assert load_metadata(dump_metadata(record)) == as_kept(record)
+
+
+def test_a_fully_finished_watermark_beyond_int64_is_refused_naming_the_field() -> None:
+    stage = StageCheckpointRecord(stage_id="a", status=StageStatus.FULLY_FINISHED, watermark=2**63)
+    with pytest.raises(MetadataError) as caught:
+        dump_metadata(record_with({"a": stage}))
+    assert "body.fully_finished.a.watermark" in str(caught.value)

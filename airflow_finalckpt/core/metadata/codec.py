@@ -16,9 +16,11 @@ from airflow_finalckpt.core.errors import MetadataError
 from airflow_finalckpt.core.metadata.compact import (
     decode_split_set,
     encode_split_set,
+    pack_canonical,
     pack_json,
     unpack_json,
 )
+from airflow_finalckpt.core.metadata.envelope import canonical_json
 from airflow_finalckpt.core.metadata.registry import describe_validation_error
 from airflow_finalckpt.core.metadata.v2 import (
     FINISHED_STAGES,
@@ -149,6 +151,22 @@ def _validate_finished(record: CheckpointRecord, finished: dict[str, Any]) -> No
         ) from None
 
 
+def _packed_finished(record: CheckpointRecord, finished: dict[str, Any]) -> dict[str, Any]:
+    """The fully finished stages, checked against their schema and packed. Fast path: the
+    canonical JSON (needed for packing anyway) validated by pydantic's JSON parser, 0.04 s
+    instead of 0.08 s for 5,625 stages. Any failure there (no JSON form, a schema error, text
+    the JSON parser refuses such as a lone surrogate) takes the exact path: validation of the
+    values, whose error names the stage and field, then packing.
+    """
+    try:
+        text = canonical_json(finished)
+        FINISHED_STAGES.validate_json(text, strict=True)
+    except (TypeError, ValueError, RecursionError):  # pydantic's ValidationError: a ValueError
+        _validate_finished(record, finished)
+        return _packed(record, "fully_finished", finished)
+    return pack_canonical(text)
+
+
 def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
     """Encode a record; raises pydantic's ValidationError (with full field paths) if it has
     no JSON form.
@@ -166,7 +184,7 @@ def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
             not_started.append(sid)
         else:
             stages[sid] = _stage_json(stage)
-    _validate_finished(record, finished)
+    packed_finished = _packed_finished(record, finished)
     return CheckpointBodyV2.model_validate(
         {
             "pipeline_key": record.pipeline_key,
@@ -177,7 +195,7 @@ def record_to_body(record: CheckpointRecord) -> CheckpointBodyV2:
             "graph_fingerprint": record.graph_fingerprint,
             "triggered_at": record.triggered_at,
             "completed_at": record.completed_at,
-            "fully_finished": _packed(record, "fully_finished", finished),
+            "fully_finished": packed_finished,
             "stages": stages,
             "not_started": not_started,
         }

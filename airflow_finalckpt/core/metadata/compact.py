@@ -143,7 +143,11 @@ def decode_split_set(encoded: Mapping[str, Any], *, what: str = "split set") -> 
 
 def pack_json(value: Any) -> dict[str, Any]:
     """A JSON value as ``{"encoding", "size", "sha256", "data"}`` (of its canonical JSON)."""
-    text = canonical_json(value)
+    return pack_canonical(canonical_json(value))
+
+
+def pack_canonical(text: bytes) -> dict[str, Any]:
+    """:func:`pack_json` of a value whose canonical JSON the caller made already."""
     return {
         "encoding": PACKED_ENCODING,
         "size": len(text),
