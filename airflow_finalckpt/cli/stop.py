@@ -31,7 +31,7 @@ from airflow_finalckpt.control import PipelineControl, StopSummary
 from airflow_finalckpt.core.errors import FinalCheckpointError
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StopMode, StopState
-from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY
+from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."

@@ -37,11 +37,11 @@ from airflow_finalckpt.core.plan import checkpoint_status
 from airflow_finalckpt.core.restore import (
     GraphChange,
     RestorePlan,
-    parse_allow_drop_stages,
     plan_document,
     plan_graph_change,
     plan_restore,
 )
+from airflow_finalckpt.core.run_conf import parse_allow_drop_stages
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import read_batch_throughput
 from airflow_finalckpt.store.repository import (

@@ -52,7 +52,6 @@ from airflow_finalckpt.core.errors import (
     ForeignCheckpointError,
     IllegalGraphChangeError,
     InvalidGraphError,
-    InvalidRunConfError,
     MetadataError,
 )
 from airflow_finalckpt.core.graph import StageGraph
@@ -578,24 +577,3 @@ def plan_document(plan: RestorePlan) -> dict[str, object]:
         "stages": stages,
         "summary": plan.describe(),
     }
-
-
-#: The DAG run conf key naming the stages whose progress may be dropped (the only opt-in).
-ALLOW_DROP_STAGES_KEY = "allow_drop_stages"
-
-
-def parse_allow_drop_stages(value: object) -> tuple[str, ...]:
-    """The ``allow_drop_stages`` conf value: a list of stage ids (a single id is accepted);
-    anything else is an InvalidRunConfError, never a silent "drop nothing" or "drop all".
-    """
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(
-        isinstance(i, str) and i.strip() for i in items
-    ):
-        raise InvalidRunConfError(
-            f"{ALLOW_DROP_STAGES_KEY} must be a list of stage ids, e.g. "
-            f'{{"{ALLOW_DROP_STAGES_KEY}": ["b"]}}; got {value!r}'
-        )
-    return tuple(dict.fromkeys(i.strip() for i in items))

@@ -46,7 +46,7 @@ def drop_note(conf: Any) -> str | None:
     a malformed value: the stage tasks refuse that run with a one-line error).
     """
     from airflow_finalckpt.core.errors import InvalidRunConfError
-    from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
+    from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 
     if not isinstance(conf, dict):
         return None

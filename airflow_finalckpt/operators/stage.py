@@ -25,7 +25,7 @@ from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionE
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.ports import CoordinatorPort
-from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
+from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators.failures import fail_permanent_errors

@@ -45,8 +45,8 @@ from airflow_finalckpt.core.restore import (
     REKEYED_STAGE,
     REMOVED_STAGE,
     StageAction,
-    parse_allow_drop_stages,
 )
+from airflow_finalckpt.core.run_conf import parse_allow_drop_stages
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema

@@ -16,7 +16,7 @@ from airflow_finalckpt.control import (
     StopSummary,
 )
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
-from airflow_finalckpt.core.restore import ALLOW_DROP_STAGES_KEY
+from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
 from airflow_finalckpt.plugins.api.auth import (
     Principal,
     authenticate,
