@@ -35,6 +35,8 @@ class _Entry:
     snapshot: PipelineSnapshot | None = None
     #: time.monotonic() when the read of ``snapshot`` started; -inf: never read.
     read_at: float = float("-inf")
+    #: Reads completed so far: a caller that sees it grow while it waits takes that read.
+    reads: int = 0
     used_at: float = float("-inf")
 
 
@@ -63,8 +65,13 @@ def shared_snapshot(
     Store errors propagate (the trigger rides out transient ones).
     """
     entry = _entry(store_url, pipeline_key, time.monotonic())
+    reads_seen = entry.reads
     with entry.lock:
-        if entry.read_at >= not_before and time.monotonic() - entry.read_at < max_age:
+        # A read that ended while this caller waited on the lock is as fresh as one it would
+        # start itself, however long it took: under load a read slower than ``max_age`` must
+        # not make every waiter queued behind it read again.
+        fresh = entry.reads > reads_seen or time.monotonic() - entry.read_at < max_age
+        if entry.read_at >= not_before and fresh:
             return entry.snapshot
         started = time.monotonic()
         coordinator: CoordinatorPort = Coordinator(shared_engine(store_url), pipeline_key)
@@ -73,6 +80,7 @@ def shared_snapshot(
         except UnknownPipelineError:
             snapshot = None
         entry.snapshot, entry.read_at = snapshot, started
+        entry.reads += 1
         return snapshot
 
 

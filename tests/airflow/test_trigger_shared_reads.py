@@ -29,7 +29,7 @@ from airflow_finalckpt.triggers import (
     StageClosedTrigger,
     StageResumeTrigger,
 )
-from airflow_finalckpt.triggers.snapshots import clear_snapshots
+from airflow_finalckpt.triggers.snapshots import clear_snapshots, shared_snapshot
 
 KEY = "shared-pipeline"
 POLL = 0.1
@@ -281,3 +281,39 @@ async def _eventually(check: Any, timeout: float = 10) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(0.02)
+
+
+def test_a_read_slower_than_the_poll_interval_is_shared_by_the_waiters_behind_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load one snapshot read can take longer than the poll interval; the waiters that
+    queued behind it take that read (it started after they asked) instead of each reading again.
+    """
+    waiting_pipeline(store, 3)
+    reads = []
+    real = Coordinator.waiting_snapshot
+
+    def slow_read(coordinator: Coordinator) -> Any:
+        reads.append(time.monotonic())
+        time.sleep(3 * POLL)
+        return real(coordinator)
+
+    monkeypatch.setattr(Coordinator, "waiting_snapshot", slow_read)
+    asked = time.monotonic()
+    results: list[Any] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                shared_snapshot(store.url, KEY, max_age=POLL, not_before=asked)
+            )
+        )
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(results) == 4 and all(r is results[0] for r in results)
+    assert results[0] is not None and results[0].stages
+    assert len(reads) == 1

@@ -120,13 +120,25 @@ def test_every_shape_without_faults_gives_the_reference_rows(tmp_path: Path, nam
     assert sum(r.found for r in verdict.rows.values()) == 2 * len(expected)
 
 
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout} s")
+        time.sleep(0.02)
+
+
 def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_stage(
     tmp_path: Path,
 ) -> None:
     """FLIP-147's "finish, 42/43/44 triggered, 43 completes first", with real runners: x and z
     finish while y stalls after its first batch (eager final checkpoints N and N+1 both wait
     for y); y's next batch acknowledges both in one transition, writing N's _metadata fails,
-    N+1 completes: the stage that finished first closes on N+1, nothing waits forever."""
+    N+1 completes: the stage that finished first closes on N+1, nothing waits forever.
+
+    z passes a batch boundary after x's finish (it acknowledges N with a pre-finish snapshot),
+    so its own finish cannot join N (coalescing, core/transitions_eager.py) and triggers N+1;
+    a z that finished without that boundary would join N and no N+1 would be pending."""
     shape = SHAPES["wide"]
     _env, setup = _setup(tmp_path, _plan("wide"))
     _run_stage(setup, shape, "src")
@@ -136,13 +148,10 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
         if point != "after-record-batch" or gate.passed:  # type: ignore[attr-defined]
             return
         gate.passed = True  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            views = probe.stages()
-            if all(views[s].lifecycle.is_finished for s in ("x", "z")):
-                return
-            time.sleep(0.02)
-        raise AssertionError("x and z did not finish while y stalled")
+        _wait_until(
+            lambda: all(probe.stages()[s].lifecycle.is_finished for s in ("x", "z")),
+            "x and z finished while y stalled",
+        )
 
     gate.passed = False  # type: ignore[attr-defined]
 
@@ -152,14 +161,20 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
         z's final checkpoints complete without it and the scenario would not happen."""
         if point != "before-batch" or after_y_started.seen:  # type: ignore[attr-defined]
             return
-        deadline = time.monotonic() + 30
-        while probe.stages()["y"].lifecycle is StageLifecycle.NOT_STARTED:
-            if time.monotonic() > deadline:
-                raise AssertionError("y did not start")
-            time.sleep(0.02)
+        _wait_until(
+            lambda: probe.stages()["y"].lifecycle is not StageLifecycle.NOT_STARTED, "y started"
+        )
         after_y_started.seen = True  # type: ignore[attr-defined]
 
     after_y_started.seen = False  # type: ignore[attr-defined]
+
+    def z_acknowledges_after_x_finished(point: str) -> None:
+        after_y_started(point)
+        if point == "before-record-batch" and not z_acknowledges_after_x_finished.done:  # type: ignore[attr-defined]
+            z_acknowledges_after_x_finished.done = True  # type: ignore[attr-defined]
+            _wait_until(lambda: probe.stages()["x"].lifecycle.is_finished, "x finished")
+
+    z_acknowledges_after_x_finished.done = False  # type: ignore[attr-defined]
     injector = FaultInjector((FaultSpec("metadata-before-write", Action.EIO, stage="y"),))
     injector.stage = "y"
     faulty = FaultyStorage(setup.storage_root, injector)
@@ -168,13 +183,16 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
         [
             lambda: _run_stage(setup, shape, "x", fault=after_y_started, errors=errors),
             lambda: _run_stage(setup, shape, "y", storage=faulty, fault=gate, errors=errors),
-            lambda: _run_stage(setup, shape, "z", fault=after_y_started, errors=errors),
+            lambda: _run_stage(
+                setup, shape, "z", fault=z_acknowledges_after_x_finished, errors=errors
+            ),
         ]
     )
     assert errors == [] and len(injector.fired) == 1
     views = probe.stages()
     checkpoints = {c.checkpoint_id: c for c in probe.checkpoints()}
     first = min(("x", "z"), key=lambda s: views[s].finish_threshold or 0)
+    assert first == "x" and views["z"].finish_threshold == (views["x"].finish_threshold or 0) + 1
     threshold = views[first].finish_threshold
     assert threshold is not None
     failed, later = checkpoints[threshold], checkpoints[threshold + 1]
