@@ -10,18 +10,19 @@ keep their committed output, declared splits not finished are processed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from airflow_finalckpt.core.metadata.envelope import json_sha256
+
 
 def split_list_fingerprint(splits: Sequence[str]) -> str:
-    """The sha256 of the split ids in declared order (as a compact JSON array)."""
+    """The sha256 of the split ids in declared order (their canonical JSON array, as every
+    fingerprint of the metadata: ASCII-only, so any Python string has one).
+    """
     if isinstance(splits, str):
         raise TypeError("splits must be a sequence of split ids, not one string")
-    text = json.dumps(list(splits), ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json_sha256(list(splits))
 
 
 @dataclass(frozen=True)

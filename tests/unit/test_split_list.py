@@ -24,6 +24,13 @@ def test_fingerprint_is_the_sha256_of_the_ids_in_declared_order() -> None:
     assert split_list_fingerprint([]) == hashlib.sha256(b"[]").hexdigest()
 
 
+def test_fingerprint_of_any_python_text_is_its_canonical_ascii_json() -> None:
+    """Non-ASCII ids hash as escaped ASCII, the form every metadata fingerprint uses; a lone
+    surrogate (a file name the OS could not decode) has one too."""
+    assert split_list_fingerprint(["é"]) == hashlib.sha256(b'["\\u00e9"]').hexdigest()
+    assert split_list_fingerprint(["\udcff"]) == hashlib.sha256(b'["\\udcff"]').hexdigest()
+
+
 def test_fingerprint_refuses_one_string() -> None:
     with pytest.raises(TypeError, match="not one string"):
         split_list_fingerprint("abc")

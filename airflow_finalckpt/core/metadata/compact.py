@@ -23,7 +23,12 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from airflow_finalckpt.core.errors import MetadataError
-from airflow_finalckpt.core.metadata.envelope import canonical_json, parse_json, short_repr
+from airflow_finalckpt.core.metadata.envelope import (
+    canonical_json,
+    json_sha256,
+    parse_json,
+    short_repr,
+)
 
 SPLITS_ENCODING = "front-coded+zlib+base64"
 PACKED_ENCODING = "zlib+base64"
@@ -34,7 +39,7 @@ _LEVEL = 6
 
 def split_set_fingerprint(splits: Collection[str]) -> str:
     """The sha256 of a split set: of the canonical JSON of its sorted ids."""
-    return hashlib.sha256(canonical_json(sorted(splits))).hexdigest()
+    return json_sha256(sorted(splits))
 
 
 def _shared_prefix(a: str, b: str, guess: int) -> int:
@@ -73,7 +78,7 @@ def encode_split_set(splits: Collection[str]) -> dict[str, Any]:
     return {
         "encoding": SPLITS_ENCODING,
         "count": len(ordered),
-        "sha256": hashlib.sha256(canonical_json(ordered)).hexdigest(),
+        "sha256": json_sha256(ordered),
         "data": base64.b64encode(data).decode("ascii"),
     }
 
@@ -132,7 +137,7 @@ def decode_split_set(encoded: Mapping[str, Any], *, what: str = "split set") -> 
     ordered = _expand(parse_json(_inflate(encoded["data"], what), what), what)
     if len(ordered) != encoded["count"]:
         raise MetadataError(f"{what}: it states {encoded['count']} splits but holds {len(ordered)}")
-    actual = hashlib.sha256(canonical_json(ordered)).hexdigest()
+    actual = json_sha256(ordered)
     if actual != encoded["sha256"]:
         raise MetadataError(
             f"{what}: its split ids hash to {actual}, not to the recorded fingerprint "

@@ -41,9 +41,14 @@ def canonical_json(value: Any) -> bytes:
     ).encode("ascii")
 
 
+def json_sha256(value: Any) -> str:
+    """The sha256 of a JSON value's canonical form: every fingerprint in the metadata."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
 def body_checksum(body: Mapping[str, Any]) -> str:
     """The sha256 of the body's canonical JSON (what the envelope's ``sha256`` states)."""
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    return json_sha256(body)
 
 
 def seal(version: int, body: dict[str, Any], *, indent: int | None = 2) -> bytes:
