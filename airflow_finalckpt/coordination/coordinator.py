@@ -36,6 +36,7 @@ from airflow_finalckpt.coordination.queries import CoordinatorReads
 from airflow_finalckpt.coordination.restoring import apply_restore, check_start
 from airflow_finalckpt.core import failure
 from airflow_finalckpt.core import transitions as rules
+from airflow_finalckpt.core import transitions_boundary as boundary_rules
 from airflow_finalckpt.core import transitions_stage as stage_rules
 from airflow_finalckpt.core import transitions_stop as stop_rules
 from airflow_finalckpt.core.errors import CheckpointNotPendingError
@@ -98,10 +99,15 @@ class Coordinator(CoordinatorReads):
     # ------------------------------------------------------------------ transactions
 
     @contextmanager
-    def _transition(self, *, create: Mapping[str, Any] | None = None) -> Iterator[Tx]:
+    def _transition(
+        self,
+        *,
+        create: Mapping[str, Any] | None = None,
+        boundary: tuple[str, Sequence[SinkTransaction]] | None = None,
+    ) -> Iterator[Tx]:
         """One locked transition; its after-commit hooks run once it committed."""
         hooks: list[Callable[[], None]] = []
-        with self.store.transition(create=create) as rows:
+        with self.store.transition(create=create, boundary=boundary) as rows:
             yield Tx(rows, hooks)
         for hook in hooks:
             try:
@@ -263,8 +269,9 @@ class Coordinator(CoordinatorReads):
         """A split-batch boundary: make the batch's progress durable and answer every pending
         checkpoint that waits for this stage, in one transition.
         """
-        with self._transition() as tx:
-            row, _ = tx.rows.stage_row_and_stop(stage_id)  # the stop is kept for the outcome
+        with self._transition(boundary=(stage_id, transactions)) as tx:
+            # One read of the row, the stop (kept for the outcome) and what the answers decide on.
+            row, read = tx.rows.boundary(stage_id, transactions)
             stage_rules.fence(row, epoch)
             delta = StageSnapshot(
                 finished_splits=frozenset(finished_splits),
@@ -273,10 +280,20 @@ class Coordinator(CoordinatorReads):
             )
             change = stage_rules.record_batch(row, delta, replace_state=state is not None)
             now = self.clock()
+            decided = boundary_rules.decide_boundary(
+                read.awaiting, read.newest_acked, read.stored, transactions
+            )
+            if decided is not None:  # one write; no answer completes its checkpoint
+                snapshot = None
+                if decided.acked and change.progress is not None:
+                    snapshot = rules.ack_snapshot(change.progress, decided.uncommitted)
+                tx.rows.write_boundary(stage_id, epoch, change, decided, snapshot, now)
+                acked = self._ops.notify_boundary_acks(tx, stage_id, decided, now)
+                return BatchOutcome(acked, (), tx.rows.latest_stop())
             tx.rows.update_stage(stage_id, change, now)
             tx.rows.record_transactions(stage_id, epoch, transactions, now)
-            acked, completed = self._ops.ack_awaiting(tx, stage_id, epoch, change.progress)
-            return BatchOutcome(tuple(acked), tuple(completed), tx.rows.latest_stop())
+            acked_ids, completed = self._ops.ack_awaiting(tx, stage_id, epoch, change.progress)
+            return BatchOutcome(tuple(acked_ids), tuple(completed), tx.rows.latest_stop())
 
     def decline(self, checkpoint_id: int, stage_id: str, epoch: int, reason: str) -> None:
         """A stage cannot take part in a checkpoint: abort it."""

@@ -7,12 +7,15 @@ stages that have not started as NOT_STARTED.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from airflow_finalckpt.core.errors import InvalidGraphError
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StageLifecycle, StageProgress, StageStatus
+
+#: Stage statuses by value: a stored plan names one per stage (a lookup, not an enum call).
+_STATUSES = {status.value: status for status in StageStatus}
 
 
 @dataclass(frozen=True)
@@ -60,19 +63,52 @@ class CheckpointPlan:
             fully_finished=tuple(data["fully_finished"]),  # type: ignore[arg-type]
             not_started=tuple(data["not_started"]),  # type: ignore[arg-type]
             partially_finished={k: frozenset(v) for k, v in partial.items()},
-            statuses={k: StageStatus(v) for k, v in statuses.items()},
+            statuses={k: _STATUSES.get(v) or StageStatus(v) for k, v in statuses.items()},
         )
 
 
 def checkpoint_status(progress: StageProgress) -> StageStatus:
     """The status a stage's live progress maps to in a checkpoint."""
-    if progress.lifecycle.is_finished:
+    return lifecycle_status(progress.lifecycle, bool(progress.finished_splits))
+
+
+def lifecycle_status(lifecycle: StageLifecycle, has_finished_splits: bool) -> StageStatus:
+    """The status of a stage in ``lifecycle`` that holds finished splits or not."""
+    if lifecycle.is_finished:
         return StageStatus.FULLY_FINISHED
-    if progress.lifecycle is StageLifecycle.NOT_STARTED and not progress.finished_splits:
+    if lifecycle is StageLifecycle.NOT_STARTED and not has_finished_splits:
         return StageStatus.NOT_STARTED
-    if progress.finished_splits:
+    if has_finished_splits:
         return StageStatus.PARTIALLY_FINISHED
     return StageStatus.RUNNING
+
+
+def _check_known(graph: StageGraph, stage_ids: Iterable[str]) -> None:
+    unknown = set(stage_ids) - set(graph.stages)
+    if unknown:
+        raise InvalidGraphError(f"progress reported for unknown stages: {sorted(unknown)}")
+
+
+def _plan(
+    graph: StageGraph,
+    lifecycles: Mapping[str, StageLifecycle],
+    statuses: dict[str, StageStatus],
+    partially_finished: Mapping[str, frozenset[str]],
+) -> CheckpointPlan:
+    """The plan of stages in ``lifecycles`` (every stage of ``graph``) with ``statuses``."""
+    running = (StageLifecycle.RUNNING, StageLifecycle.SUSPENDED)
+    to_ack = [sid for sid in graph.topological_order() if lifecycles[sid] in running]
+    to_trigger = [
+        sid for sid in to_ack if all(lifecycles[up].is_finished for up in graph.upstream(sid))
+    ]
+    return CheckpointPlan(
+        to_trigger=tuple(to_trigger),
+        to_ack=tuple(to_ack),
+        fully_finished=tuple(s for s, st in statuses.items() if st is StageStatus.FULLY_FINISHED),
+        not_started=tuple(s for s, st in statuses.items() if st is StageStatus.NOT_STARTED),
+        partially_finished=partially_finished,
+        statuses=statuses,
+    )
 
 
 def calculate_plan(graph: StageGraph, progress: Mapping[str, StageProgress]) -> CheckpointPlan:
@@ -82,29 +118,28 @@ def calculate_plan(graph: StageGraph, progress: Mapping[str, StageProgress]) -> 
     acknowledge; a NOT_STARTED stage that restored finished splits is recorded with them
     (it has state, but no live attempt to ask).
     """
-    unknown = set(progress) - set(graph.stages)
-    if unknown:
-        raise InvalidGraphError(f"progress reported for unknown stages: {sorted(unknown)}")
+    _check_known(graph, progress)
     default = StageProgress(lifecycle=StageLifecycle.NOT_STARTED)
     live = {sid: progress.get(sid, default) for sid in graph.stage_ids}
-
-    def running(sid: str) -> bool:
-        return live[sid].lifecycle in (StageLifecycle.RUNNING, StageLifecycle.SUSPENDED)
-
-    to_ack = [sid for sid in graph.topological_order() if running(sid)]
-    to_trigger = [
-        sid for sid in to_ack if all(live[up].lifecycle.is_finished for up in graph.upstream(sid))
-    ]
     statuses = {sid: checkpoint_status(p) for sid, p in live.items()}
-    return CheckpointPlan(
-        to_trigger=tuple(to_trigger),
-        to_ack=tuple(to_ack),
-        fully_finished=tuple(s for s, st in statuses.items() if st is StageStatus.FULLY_FINISHED),
-        not_started=tuple(s for s, st in statuses.items() if st is StageStatus.NOT_STARTED),
-        partially_finished={
-            s: live[s].finished_splits
-            for s, st in statuses.items()
-            if st is StageStatus.PARTIALLY_FINISHED
-        },
-        statuses=statuses,
-    )
+    partially = {
+        s: live[s].finished_splits
+        for s, st in statuses.items()
+        if st is StageStatus.PARTIALLY_FINISHED
+    }
+    return _plan(graph, {sid: p.lifecycle for sid, p in live.items()}, statuses, partially)
+
+
+def plan_of_lifecycles(
+    graph: StageGraph, lifecycles: Mapping[str, StageLifecycle], with_splits: Collection[str]
+) -> CheckpointPlan:
+    """``calculate_plan`` from each stage's lifecycle and whether it holds finished splits
+    (``with_splits``), without their ids: the plan as the store keeps it (``to_dict(splits=
+    False)``; ``partially_finished`` is empty, as in a plan read back). A trigger reads no
+    progress JSON for it: a finished stage is a flag, a running stage is asked.
+    """
+    _check_known(graph, lifecycles)
+    not_started = StageLifecycle.NOT_STARTED
+    live = {sid: lifecycles.get(sid, not_started) for sid in graph.stage_ids}
+    statuses = {sid: lifecycle_status(lc, sid in with_splits) for sid, lc in live.items()}
+    return _plan(graph, live, statuses, {})

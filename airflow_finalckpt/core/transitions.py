@@ -72,11 +72,12 @@ def finished_split_ids(row: StageRow) -> frozenset[str]:
     return row.progress.finished_splits
 
 
-def covered_on_trigger(plan: CheckpointPlan, rows: Mapping[str, StageRow]) -> list[str]:
+def finished_unclosed(plan: CheckpointPlan, lifecycles: Mapping[str, StageLifecycle]) -> list[str]:
     """Finished, unclosed stages a new checkpoint covers as FULLY_FINISHED: their not yet
     covered transactions become committable once it completes.
     """
-    return [sid for sid in plan.fully_finished if rows[sid].lifecycle is StageLifecycle.FINISHED]
+    finished = StageLifecycle.FINISHED
+    return [sid for sid in plan.fully_finished if lifecycles[sid] is finished]
 
 
 def ack_gate(
@@ -231,6 +232,8 @@ def build_record(
     graph: Mapping[str, object],
     fingerprint: str,
     now: float,
+    *,
+    built: Mapping[str, StageCheckpointRecord] | None = None,
 ) -> CheckpointRecord:
     """The ``_metadata`` of a fully acknowledged checkpoint: acknowledged stages as they
     answered, stages finished before the trigger from their end (``finished``: no split ids,
@@ -238,18 +241,32 @@ def build_record(
     transactions if they have not started work since (``unstarted``: what the trigger saw),
     else NOT_STARTED (they started after the trigger: nothing of them belongs to this
     checkpoint; ``started_since_trigger`` refuses those that had restored progress;
-    ``worked_since_trigger``: those idle again).
+    ``worked_since_trigger``: those idle again). ``built``: stages finished before the
+    trigger already built from their stored entry, without transactions (instead of their
+    ``finished`` end).
     """
+    built = built or {}
     stages: dict[str, StageCheckpointRecord] = {}
     for sid, status in checkpoint.plan.statuses.items():
         ack = acks.get(sid)
         if ack is not None:
             stages[sid] = stage_record(sid, acked_status(ack), ack.snapshot)
         elif status is StageStatus.FULLY_FINISHED:
-            stages[sid] = finished_stage_record(sid, finished.get(sid), uncommitted.get(sid, ()))
+            txns = uncommitted.get(sid, ())
+            ready = built.get(sid)
+            if ready is None:
+                stages[sid] = finished_stage_record(sid, finished.get(sid), txns)
+            else:
+                stages[sid] = (
+                    ready.model_copy(update={"pending_transactions": tuple(txns)})
+                    if txns
+                    else ready
+                )
         elif sid in unstarted and not worked_since_trigger(status, unstarted[sid]):
+            snap = unstarted[sid]
             txns = tuple(uncommitted.get(sid, ()))
-            snap = unstarted[sid].model_copy(update={"pending_transactions": txns})
+            if txns != snap.pending_transactions:
+                snap = snap.model_copy(update={"pending_transactions": txns})
             stages[sid] = stage_record(sid, unstarted_status(snap), snap)
         else:
             stages[sid] = StageCheckpointRecord(stage_id=sid, status=StageStatus.NOT_STARTED)
@@ -264,6 +281,21 @@ def build_record(
         completed_at=now,
         stages=stages,
     )
+
+
+def pre_encoded(
+    record: CheckpointRecord, acks: Mapping[str, AckRow], entries: Mapping[str, str]
+) -> dict[str, tuple[StageCheckpointRecord, str]]:
+    """The stages of ``record`` built from their end alone (``finished_stage_record``: fully
+    finished, no acknowledgement) whose end was read from a stored entry (``entries``, see
+    ``StoreReader.finished_stages``), each with that entry: what the metadata codec
+    writes for them (``codec.encoded_finished``).
+    """
+    return {
+        sid: (stage, entries[sid])
+        for sid, stage in record.stages.items()
+        if sid in entries and sid not in acks and stage.status is StageStatus.FULLY_FINISHED
+    }
 
 
 def subsumed_by(checkpoint_id: int, pending: Iterable[tuple[int, CheckpointKind]]) -> list[int]:

@@ -17,11 +17,8 @@ from airflow_finalckpt.core.errors import (
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointState,
-    EndOfData,
-    FinishedStageEnd,
     SinkTransaction,
     StageLifecycle,
-    StageSnapshot,
     TransactionState,
 )
 from airflow_finalckpt.core.views import (
@@ -31,11 +28,10 @@ from airflow_finalckpt.core.views import (
     StopRequest,
     TxnRow,
     WaitingStage,
-    parse_snapshot,
 )
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
-from airflow_finalckpt.store.reads_acks import AckReader
+from airflow_finalckpt.store.reads_checkpoint import RUNNING_STATES, CheckpointReader
 
 #: States of a checkpoint that can still close a finished stage (in flight or done).
 CANDIDATE_STATES = (
@@ -43,8 +39,6 @@ CANDIDATE_STATES = (
     CheckpointState.COMPLETED.value,
     CheckpointState.DISCARDED.value,
 )
-#: Lifecycles of a stage that is (or was, suspended) running: it has progress but no final.
-RUNNING_STATES = (StageLifecycle.RUNNING.value, StageLifecycle.SUSPENDED.value)
 
 
 # Reads every acknowledgement runs, built once and executed with bound values (SQLAlchemy
@@ -69,35 +63,10 @@ _LATEST_STOP = (
 )
 
 
-def _stage_row_and_stop_statement() -> Any:
-    """``_STAGE_ROW`` with the pipeline's latest stop request (LEFT JOIN: none yet) as
-    ``stop_``-prefixed columns: what a batch boundary reads, in one round trip.
+class StoreReader(CheckpointReader):
+    """Reads of one pipeline's rows over ``conn`` (the acknowledgement reads: ``AckReader``,
+    the trigger's and completion's: ``CheckpointReader``).
     """
-    stops = t.stop_requests
-    latest = (
-        select(func.max(stops.c.request_id))
-        .where(stops.c.pipeline_key == bindparam("b_key"))
-        .scalar_subquery()
-    )
-    joined = t.stages.outerjoin(
-        stops,
-        (stops.c.pipeline_key == t.stages.c.pipeline_key) & (stops.c.request_id == latest),
-    )
-    return (
-        select(*t.stages.c, *(c.label(f"stop_{c.name}") for c in stops.c))
-        .select_from(joined)
-        .where(
-            t.stages.c.pipeline_key == bindparam("b_key"),
-            t.stages.c.stage_id == bindparam("b_stage"),
-        )
-    )
-
-
-_STAGE_ROW_AND_STOP = _stage_row_and_stop_statement()
-
-
-class StoreReader(AckReader):
-    """Reads of one pipeline's rows over ``conn`` (the acknowledgement reads: ``AckReader``)."""
 
     # ------------------------------------------------------------------ pipeline
 
@@ -192,19 +161,6 @@ class StoreReader(AckReader):
         if row is None:
             raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
         return r.stage_row(row)
-
-    def stage_row_and_stop(self, stage_id: str) -> tuple[StageRow, StopRequest | None]:
-        """``stage_row`` and ``latest_stop`` in one statement; UnknownStageError as
-        ``stage_row``.
-        """
-        params = {"b_key": self.key, "b_stage": stage_id}
-        row = self.conn.execute(_STAGE_ROW_AND_STOP, params).mappings().first()
-        if row is None:
-            raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
-        stop = None
-        if row["stop_request_id"] is not None:
-            stop = r.stop_request({c.name: row[f"stop_{c.name}"] for c in t.stop_requests.c})
-        return r.stage_row(row), stop
 
     def stage_finish_state(self, stage_id: str) -> tuple[StageLifecycle, int | None]:
         """Lifecycle and finish threshold only (no progress JSON): the waiters' hot read."""
@@ -455,103 +411,3 @@ class StoreReader(AckReader):
             stop=stop,
             pending=tuple(pending),
         )
-
-    # ------------------------------------------------------------------ completion (metadata v2)
-
-    def finished_ends(self) -> dict[str, FinishedStageEnd]:
-        """Of every FINISHED or CLOSED stage, what a checkpoint records of it: its narrow
-        ``final_end`` column (end_of_data, watermark, finished split count, written with the
-        final snapshot), its finished split ids are never read. A row finished by a version
-        without that column is read through JSON paths of its final snapshot instead.
-        """
-        s = t.stages.c
-        rows = self.conn.execute(
-            select(s.stage_id, s.total_splits, s.final_end, *_legacy_end_columns(self.conn)).where(
-                s.pipeline_key == self.key, s.lifecycle.in_(FINISHED_STATES)
-            )
-        ).all()
-        ends: dict[str, FinishedStageEnd] = {}
-        for sid, total, end, done, eod, wm in rows:
-            if end is not None:
-                done, eod, wm = end["finished"], end["end_of_data"], end["watermark"]
-            ends[str(sid)] = finished_end(total, done, eod, wm)
-        return ends
-
-    def unstarted_progress(self) -> dict[str, StageSnapshot]:
-        """The progress of every stage that has not started work: NOT_STARTED (possibly with
-        restored progress) or SUSPENDED at its start; by stage id.
-        """
-        s = t.stages.c
-        idle = (StageLifecycle.NOT_STARTED.value, StageLifecycle.SUSPENDED.value)
-        rows = self.conn.execute(
-            select(s.stage_id, s.progress).where(s.pipeline_key == self.key, s.lifecycle.in_(idle))
-        ).all()
-        return {str(sid): _progress(data) for sid, data in rows}
-
-    def uncommitted_of(self, stage_ids: Collection[str]) -> dict[str, list[SinkTransaction]]:
-        """The pre-committed transactions of ``stage_ids`` (each by sink and transaction id),
-        in one query.
-        """
-        wanted = set(stage_ids)
-        found: dict[str, list[SinkTransaction]] = {sid: [] for sid in wanted}
-        if not wanted:
-            return found
-        x = t.transactions.c
-        rows = self.conn.execute(
-            select(t.transactions)
-            .where(x.pipeline_key == self.key, x.state == TransactionState.PRECOMMITTED.value)
-            .order_by(x.stage_id, x.sink_id, x.txn_id)
-        ).mappings()
-        for row in rows:
-            if row["stage_id"] in wanted:
-                found[row["stage_id"]].append(r.sink_transaction(row))
-        return found
-
-
-#: A stage's progress before it did anything, shared (snapshots are frozen): most stages that
-#: have not started hold exactly this, and validating thousands of them cost a completion more
-#: than reading them.
-EMPTY_PROGRESS = StageSnapshot()
-_EMPTY_PROGRESS_DATA = r.dump(EMPTY_PROGRESS)
-
-
-def _progress(data: Any) -> StageSnapshot:
-    """A stored progress, the shared empty one without validating it."""
-    return EMPTY_PROGRESS if data == _EMPTY_PROGRESS_DATA else parse_snapshot(data)
-
-
-#: Lifecycles of a stage whose finish() ran.
-FINISHED_STATES = (StageLifecycle.FINISHED.value, StageLifecycle.CLOSED.value)
-
-
-def _legacy_end_columns(conn: Any) -> tuple[Any, Any, Any]:
-    """Finished split count, end_of_data and watermark through JSON paths of the final
-    snapshot, evaluated only for a row without ``final_end`` (CASE: NULL for the others).
-    """
-    s = t.stages.c
-    final = s.final_snapshot
-    if conn.dialect.name == "postgresql":
-        count = func.json_array_length(final["finished_splits"])
-    else:
-        count = func.json_array_length(final, "$.finished_splits")
-    legacy = s.final_end.is_(None)
-    return (
-        case((legacy, count), else_=null()),
-        type_coerce(case((legacy, final["end_of_data"]), else_=null()), JSON),
-        type_coerce(case((legacy, final["watermark"]), else_=null()), JSON),
-    )
-
-
-def finished_end(
-    total_splits: int | None, finished: int | None, eod: Any, watermark: Any
-) -> FinishedStageEnd:
-    """A finished stage's end as the JSON paths of its final snapshot read it; its finished
-    split count is the length of the final snapshot's split list, counted by the database, or,
-    when that list is empty (a stage restored from metadata v2), the declared splits minus
-    those a drain left unread (None: the stage declared none).
-    """
-    end = None if eod is None else EndOfData.model_validate(eod)
-    if not finished:  # no ids: restored from metadata v2 (which keeps none), or none finished
-        unread = end.unread_splits if end is not None else 0
-        finished = None if total_splits is None else max(0, total_splits - unread)
-    return FinishedStageEnd(end_of_data=end, watermark=watermark, finished_count=finished)

@@ -6,18 +6,19 @@ first locks the pipeline row) and plain reads, over the readers and writers of `
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, select
 
 from airflow_finalckpt.core.errors import IllegalTransitionError, UnknownPipelineError
-from airflow_finalckpt.core.model import StageLifecycle
+from airflow_finalckpt.core.model import SinkTransaction, StageLifecycle
+from airflow_finalckpt.store import boundary as b
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.reads import StoreReader
-from airflow_finalckpt.store.writes import StoreWriter, lock_pipeline
+from airflow_finalckpt.store.writes import LOCK_PIPELINE, StoreWriter, lock_pipeline
 
 
 class CoordinationStore:
@@ -28,20 +29,36 @@ class CoordinationStore:
         self.pipeline_key = pipeline_key
 
     @contextmanager
-    def transition(self, *, create: Mapping[str, Any] | None = None) -> Iterator[StoreWriter]:
+    def transition(
+        self,
+        *,
+        create: Mapping[str, Any] | None = None,
+        boundary: tuple[str, Sequence[SinkTransaction]] | None = None,
+    ) -> Iterator[StoreWriter]:
         """One write transaction holding the pipeline lock, committed when the block ends
         (rolled back if it raises). ``create``: the pipeline row to insert first if there is
-        none (rolled back with the rest).
+        none (rolled back with the rest). ``boundary``: (stage id, the batch's transactions) of
+        a split-batch boundary, read with the lock (one round trip on PostgreSQL): what
+        ``StoreWriter.boundary`` returns.
         """
         with self.engine.begin() as conn:
+            read = None
             if create is not None:
                 r.insert_ignore(conn, t.pipelines, create)
-            row = lock_pipeline(conn, self.pipeline_key)
+            if boundary is not None and create is None and b.pipelined(conn):
+                row, read = b.lock_and_read_postgresql(
+                    conn, LOCK_PIPELINE, self.pipeline_key, *boundary
+                )
+            else:
+                row = lock_pipeline(conn, self.pipeline_key)
             if row is None:
                 raise UnknownPipelineError(
                     f"pipeline {self.pipeline_key!r} is not registered in the coordination store"
                 )
-            yield StoreWriter(conn, self.pipeline_key, row)
+            writer = StoreWriter(conn, self.pipeline_key, row)
+            if read is not None and boundary is not None:
+                writer.prefetched = (boundary[0], read)
+            yield writer
 
     @contextmanager
     def read(self, *, repeatable: bool = False) -> Iterator[StoreReader]:

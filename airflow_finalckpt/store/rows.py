@@ -12,9 +12,11 @@ from sqlalchemy import Connection, Insert, RowMapping, Table
 from sqlalchemy.dialects import postgresql, sqlite
 
 from airflow_finalckpt.core.failure import CheckpointFailureReason
+from airflow_finalckpt.core.metadata.codec import finished_entry_text
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointState,
+    FinishedStageEnd,
     SinkTransaction,
     StageLifecycle,
     StageSnapshot,
@@ -56,7 +58,7 @@ def insert_ignore_statement(conn: Connection, table: Table) -> Insert:
     return _insert_ignore(conn.dialect.name, table)
 
 
-def stage_row(row: RowMapping) -> StageRow:
+def stage_row(row: Mapping[Any, Any]) -> StageRow:
     """A ``finalckpt_stages`` row (JSON left unparsed until used)."""
     return StageRow(
         stage_id=row["stage_id"],
@@ -83,6 +85,23 @@ def final_end(final: StageSnapshot) -> dict[str, Any]:
     }
 
 
+def final_entry(final: StageSnapshot) -> str | None:
+    """The ``final_entry`` column of a finished stage: its entry in a metadata v2
+    ``fully_finished`` block without transactions (``codec.finished_entry_text``), exactly as
+    a completion would encode it from ``final_end``. None when the final snapshot holds no
+    split ids (a stage restored from metadata v2: the completion counts its splits from the
+    declared total) or the entry does not match the schema (the completion reports it).
+    """
+    if not final.finished_splits:
+        return None
+    end = FinishedStageEnd(
+        end_of_data=final.end_of_data,
+        watermark=final.watermark,
+        finished_count=len(final.finished_splits),
+    )
+    return finished_entry_text(end)
+
+
 def stage_values(change: StageChange, now: float) -> dict[str, Any]:
     """The columns a stage change writes (``updated_at`` always)."""
     values: dict[str, Any] = {}
@@ -100,6 +119,7 @@ def stage_values(change: StageChange, now: float) -> dict[str, Any]:
         final = change.final_snapshot
         values["final_snapshot"] = None if final is None else dump(final)
         values["final_end"] = None if final is None else final_end(final)
+        values["final_entry"] = None if final is None else final_entry(final)
     if change.closed_checkpoint_id is not KEEP:
         values["closed_checkpoint_id"] = change.closed_checkpoint_id
     values["updated_at"] = now

@@ -68,6 +68,11 @@ stages = Table(
     # stage's final snapshot (NULL: before finish, or written by a version without it; None is
     # written as SQL NULL, not JSON null, so "IS NULL" finds both).
     Column("final_end", JSON(none_as_null=True), nullable=True),
+    # The stage's entry in a metadata v2 ``fully_finished`` block, without transactions, as
+    # canonical JSON text (``codec.finished_entry_text``), encoded and validated once when the
+    # final snapshot is written; a completion splices the stage's uncommitted transactions in.
+    # NULL: not finished, written by a version without it, or no split count to record.
+    Column("final_entry", Text, nullable=True),
     Column("updated_at", Float, nullable=False),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, bindparam, select, union_all, update
+from sqlalchemy import Connection, bindparam, select, union_all, update
 
+from airflow_finalckpt.core.errors import UnknownStageError
 from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
@@ -25,7 +26,9 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
 )
 from airflow_finalckpt.core.plan import CheckpointPlan
+from airflow_finalckpt.core.transitions_boundary import BoundaryAcks
 from airflow_finalckpt.core.views import CoordinatorOptions, StageChange, StageRow, StopRequest
+from airflow_finalckpt.store import boundary as b
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.reads import StoreReader
@@ -41,15 +44,6 @@ _UPDATE_CHECKPOINT = update(t.checkpoints).where(
     t.checkpoints.c.pipeline_key == bindparam("b_key"),
     t.checkpoints.c.checkpoint_id == bindparam("b_cid"),
 )
-_INSERT_ACK = t.acks.insert().values(
-    pipeline_key=bindparam("b_key"),
-    checkpoint_id=bindparam("b_cid"),
-    stage_id=bindparam("b_stage"),
-    epoch=bindparam("b_epoch"),
-    by_finish=bindparam("b_by_finish"),
-    snapshot=bindparam("b_snapshot", type_=t.acks.c.snapshot.type),
-    acked_at=bindparam("b_acked_at"),
-)
 _DELETE_DUE = t.acks_due.delete().where(
     t.acks_due.c.pipeline_key == bindparam("b_key"),
     t.acks_due.c.checkpoint_id == bindparam("b_cid"),
@@ -57,7 +51,7 @@ _DELETE_DUE = t.acks_due.delete().where(
 )
 #: PostgreSQL: the acknowledgement, its acks_due row's delete and the count of acknowledgements
 #: still pending in one statement (data-modifying CTEs always run to completion).
-_INSERT_ACK_DUE_DONE = _INSERT_ACK.add_cte(_DELETE_DUE.cte("done_due")).add_cte(
+_INSERT_ACK_DUE_DONE = b.INSERT_ACK.add_cte(_DELETE_DUE.cte("done_due")).add_cte(
     update(t.checkpoints)
     .where(
         t.checkpoints.c.pipeline_key == bindparam("b_key"),
@@ -66,21 +60,11 @@ _INSERT_ACK_DUE_DONE = _INSERT_ACK.add_cte(_DELETE_DUE.cte("done_due")).add_cte(
     .values(acks_pending=bindparam("b_remaining"))
     .cte("counted")
 )
-_STAMP = (
-    update(t.transactions)
-    .where(
-        t.transactions.c.pipeline_key == bindparam("b_key"),
-        t.transactions.c.stage_id == bindparam("b_stage"),
-        t.transactions.c.state == TransactionState.PRECOMMITTED.value,
-        t.transactions.c.checkpoint_id.is_(None),
-    )
-    .values(checkpoint_id=bindparam("b_cid"))
-)
-#: PostgreSQL: ``_STAMP`` and the stage's uncommitted transactions after it in one statement.
-#: The outer query sees the rows as they were before it (a data-modifying CTE's changes are not
-#: visible to it), so the rows stamped now come from the CTE's RETURNING, the others from the
-#: table.
-_STAMPED = _STAMP.returning(*t.transactions.c).cte("stamped")
+#: PostgreSQL: ``boundary.STAMP`` and the stage's uncommitted transactions after it in one
+#: statement. The outer query sees the rows as they were before it (a data-modifying CTE's
+#: changes are not visible to it), so the rows stamped now come from the CTE's RETURNING, the
+#: others from the table.
+_STAMPED = b.STAMP.returning(*t.transactions.c).cte("stamped")
 _STAMP_AND_READ = union_all(
     select(*t.transactions.c).where(
         t.transactions.c.pipeline_key == bindparam("b_key"),
@@ -90,7 +74,8 @@ _STAMP_AND_READ = union_all(
     ),
     select(*_STAMPED.c),
 ).order_by("sink_id", "txn_id")
-_LOCK_PIPELINE = (
+#: The pipeline lock: its row (every column but the graph) FOR UPDATE.
+LOCK_PIPELINE = (
     select(*(c for c in t.pipelines.c if c.name != "graph"))
     .where(t.pipelines.c.pipeline_key == bindparam("b_key"))
     .with_for_update()
@@ -111,9 +96,11 @@ class StoreWriter(StoreReader):
     the locked pipeline row (every column but the graph).
     """
 
-    def __init__(self, conn: Connection, pipeline_key: str, pipeline: RowMapping) -> None:
+    def __init__(self, conn: Connection, pipeline_key: str, pipeline: Mapping[str, Any]) -> None:
         super().__init__(conn, pipeline_key)
         self.pipeline = pipeline
+        #: A boundary read taken with the lock: (stage id, read), see ``boundary``.
+        self.prefetched: tuple[str, b.BoundaryRead] | None = None
         #: The latest stop request as last read in this transition (``_UNREAD``: read it). The
         #: pipeline is locked, so only this transition's ``insert_stop`` / ``update_stop`` can
         #: change it; they forget it.
@@ -125,11 +112,37 @@ class StoreWriter(StoreReader):
             self._stop = super().latest_stop()
         return self._stop
 
-    def stage_row_and_stop(self, stage_id: str) -> tuple[StageRow, StopRequest | None]:
-        """``StoreReader.stage_row_and_stop``; the stop read is kept for ``latest_stop``."""
-        row, stop = super().stage_row_and_stop(stage_id)
-        self._stop = stop
-        return row, stop
+    def boundary(
+        self, stage_id: str, batch: Sequence[SinkTransaction]
+    ) -> tuple[StageRow, b.BoundaryRead]:
+        """What a split-batch boundary decides on, in one statement (``store.boundary``); the
+        stop read is kept for ``latest_stop``. UnknownStageError as ``stage_row``.
+        """
+        read = None
+        if self.prefetched is not None and self.prefetched[0] == stage_id:
+            read = self.prefetched[1]  # the batch is the one the transition was opened with
+        else:
+            read = b.read_boundary(self.conn, self.key, stage_id, batch)
+        if read is None:
+            raise UnknownStageError(f"stage {stage_id!r} is not part of pipeline {self.key!r}")
+        self._stop = b.stop_of(read.row)
+        return r.stage_row(read.row), read
+
+    def write_boundary(
+        self,
+        stage_id: str,
+        epoch: int,
+        change: StageChange,
+        acks: BoundaryAcks,
+        snapshot: StageSnapshot | None,
+        now: float,
+    ) -> None:
+        """A boundary's stage change, new transactions and acknowledgements (each recording
+        ``snapshot``), as decided.
+        """
+        values = r.stage_values(change, now)
+        recorded = None if snapshot is None else r.dump(snapshot)
+        b.write_boundary(self.conn, self.key, stage_id, epoch, values, acks, recorded, now)
 
     @property
     def fingerprint(self) -> str:
@@ -335,11 +348,11 @@ class StoreWriter(StoreReader):
             "b_acked_at": now,
         }
         if remaining is None:
-            self.conn.execute(_INSERT_ACK, params)
+            self.conn.execute(b.INSERT_ACK, params)
         elif self.conn.dialect.name == "postgresql":
             self.conn.execute(_INSERT_ACK_DUE_DONE, {**params, "b_remaining": remaining})
         else:
-            self.conn.execute(_INSERT_ACK, params)
+            self.conn.execute(b.INSERT_ACK, params)
             self.conn.execute(_DELETE_DUE, params)
             self._update_checkpoint(checkpoint_id, {"acks_pending": remaining})
 
@@ -371,7 +384,8 @@ class StoreWriter(StoreReader):
 
     def stamp_transactions(self, stage_id: str, checkpoint_id: int) -> None:
         """The stage's uncovered pre-committed transactions are covered by ``checkpoint_id``."""
-        self.conn.execute(_STAMP, {"b_key": self.key, "b_stage": stage_id, "b_cid": checkpoint_id})
+        params = {"b_key": self.key, "b_stage": stage_id, "b_stamp": checkpoint_id}
+        self.conn.execute(b.STAMP, params)
 
     def stamp_and_read_uncommitted(
         self, stage_id: str, checkpoint_id: int | None
@@ -384,7 +398,7 @@ class StoreWriter(StoreReader):
         if self.conn.dialect.name != "postgresql":
             self.stamp_transactions(stage_id, checkpoint_id)
             return self.uncommitted(stage_id)
-        params = {"b_key": self.key, "b_stage": stage_id, "b_cid": checkpoint_id}
+        params = {"b_key": self.key, "b_stage": stage_id, "b_stamp": checkpoint_id}
         rows = self.conn.execute(_STAMP_AND_READ, params).mappings()
         return [r.sink_transaction(row) for row in rows]
 
@@ -498,8 +512,9 @@ class StoreWriter(StoreReader):
         )
 
 
-def lock_pipeline(conn: Connection, pipeline_key: str) -> RowMapping | None:
+def lock_pipeline(conn: Connection, pipeline_key: str) -> Mapping[str, Any] | None:
     """Lock the pipeline row (FOR UPDATE; SQLite already holds the write lock) and read every
     column but the graph (O(stages) of JSON, read only when its fingerprint changes).
     """
-    return conn.execute(_LOCK_PIPELINE, {"b_key": pipeline_key}).mappings().first()
+    row = conn.execute(LOCK_PIPELINE, {"b_key": pipeline_key}).mappings().first()
+    return None if row is None else dict(row)

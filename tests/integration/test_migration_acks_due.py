@@ -147,7 +147,7 @@ def test_upgrade_keeps_a_running_pipeline_running(engine: Engine) -> None:
     migrate.upgrade(engine, "0003")
     seed_rev_0003(engine)
     migrate.upgrade(engine)
-    assert migrate.current_revision(engine) == "0004"
+    assert migrate.current_revision(engine) == migrate.head_revision()
     # the pending checkpoint's to_ack minus its acknowledgements
     assert due_rows(engine) == [(1, "b"), (1, "c")]
     continue_after_upgrade(engine)

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 from airflow_finalckpt.core.errors import InvalidGraphError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import StageLifecycle, StageProgress, StageStatus
-from airflow_finalckpt.core.plan import CheckpointPlan, calculate_plan, checkpoint_status
+from airflow_finalckpt.core.plan import (
+    CheckpointPlan,
+    calculate_plan,
+    checkpoint_status,
+    lifecycle_status,
+    plan_of_lifecycles,
+)
 
 RUNNING = StageProgress(lifecycle=StageLifecycle.RUNNING)
 SUSPENDED = StageProgress(lifecycle=StageLifecycle.SUSPENDED)
@@ -268,3 +274,36 @@ def test_plan_properties_hold_for_any_dag_and_progress(
     # to_ack follows the topological order, so upstream stages are asked first.
     order = graph.topological_order()
     assert list(plan.to_ack) == [s for s in order if s in running]
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags_with_progress())
+def test_the_plan_of_lifecycles_is_the_plan_the_store_keeps(
+    case: tuple[StageGraph, dict[str, StageProgress]],
+) -> None:
+    """What a trigger plans from lifecycles and "holds finished splits" alone (no progress
+    JSON) is ``calculate_plan``'s plan without the split ids: the plan as it is stored and
+    read back.
+    """
+    graph, progress = case
+    full = calculate_plan(graph, progress)
+    lifecycles = {sid: p.lifecycle for sid, p in progress.items()}
+    with_splits = {sid for sid, p in progress.items() if p.finished_splits}
+    lean = plan_of_lifecycles(graph, lifecycles, with_splits)
+    assert lean == CheckpointPlan.from_dict(full.to_dict(splits=False))
+    assert list(lean.statuses) == list(full.statuses)
+    assert lean.to_dict(splits=False) == full.to_dict(splits=False)
+
+
+def test_the_plan_of_lifecycles_refuses_unknown_stages() -> None:
+    with pytest.raises(InvalidGraphError, match="ghost"):
+        plan_of_lifecycles(graph_of({"a": ()}), {"ghost": StageLifecycle.RUNNING}, ())
+
+
+@pytest.mark.parametrize("lifecycle", LIFECYCLES)
+@pytest.mark.parametrize("splits", [False, True])
+def test_lifecycle_status_is_checkpoint_status(lifecycle: StageLifecycle, splits: bool) -> None:
+    progress = StageProgress(
+        lifecycle=lifecycle, finished_splits=frozenset({"p"} if splits else ())
+    )
+    assert lifecycle_status(lifecycle, splits) is checkpoint_status(progress)

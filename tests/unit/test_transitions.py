@@ -111,6 +111,10 @@ def test_may_trigger(
     assert rules.may_trigger(reason, the_stop, pending) is allowed
 
 
+def lifecycles_of(rows: dict[str, StageRow]) -> dict[str, StageLifecycle]:
+    return {sid: r.lifecycle for sid, r in rows.items()}
+
+
 def test_a_trigger_covers_finished_unclosed_stages_only() -> None:
     g = graph({"a": (), "b": ("a",), "c": ("b",)})
     rows = {
@@ -120,7 +124,7 @@ def test_a_trigger_covers_finished_unclosed_stages_only() -> None:
     }
     plan = calculate_plan(g, rules.live_progress(g, rows))
     assert plan.to_ack == ("c",) and plan.to_trigger == ("c",)
-    assert rules.covered_on_trigger(plan, rows) == ["b"]
+    assert rules.finished_unclosed(plan, lifecycles_of(rows)) == ["b"]
     assert plan.partially_finished == {"c": frozenset({"p0"})}
 
 
@@ -132,10 +136,8 @@ def test_a_stage_with_two_upstreams_is_a_trigger_source_once_both_finished() -> 
     rows["b"] = row("b", StageLifecycle.FINISHED, threshold=2)
     plan = calculate_plan(g, rules.live_progress(g, rows))
     assert plan.to_ack == ("join",) and plan.to_trigger == ("join",)
-    assert set(plan.fully_finished) == {"a", "b"} and rules.covered_on_trigger(plan, rows) == [
-        "a",
-        "b",
-    ]
+    assert set(plan.fully_finished) == {"a", "b"}
+    assert rules.finished_unclosed(plan, lifecycles_of(rows)) == ["a", "b"]
 
 
 def test_live_progress_ignores_stages_the_graph_no_longer_has() -> None:

@@ -62,11 +62,18 @@ def _shared_prefix(a: str, b: str, guess: int) -> int:
 
 def _front_code(ordered: list[str]) -> list[Any]:
     coded: list[Any] = []
+    append = coded.append
     previous = ""
     shared = 0
     for split in ordered:
-        shared = _shared_prefix(split, previous, shared)
-        coded += [shared, split[shared:]]
+        # inline the common case of _shared_prefix: as much shared as with the pair before
+        if not (
+            split.startswith(previous[:shared])
+            and (shared in (len(split), len(previous)) or split[shared] != previous[shared])
+        ):
+            shared = _shared_prefix(split, previous, shared)
+        append(shared)
+        append(split[shared:])
         previous = split
     return coded
 
