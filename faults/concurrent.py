@@ -249,6 +249,12 @@ def _coordinator(
     )
 
 
+def _lifecycle_reader(engine: Engine, pipeline_key: str) -> Callable[[], dict[str, str]]:
+    """Every stage's lifecycle, read without fault points (for holds: ``FaultSpec.until``)."""
+    reader = Coordinator(engine, pipeline_key)
+    return lambda: {sid: view.lifecycle.value for sid, view in reader.stages().items()}
+
+
 def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
     """Run one stage attempt in this process with its armed faults (a CRASH kills it)."""
     from airflow_finalckpt.store.engine import make_engine
@@ -275,6 +281,7 @@ def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
         storage = FaultyStorage(setup.storage_root, injector)
         sinks = [FaultySink(s, injector) for s in real_sinks]
         injector.zombie = _successor(setup, shape, label, stage_log)
+        injector.lifecycles = _lifecycle_reader(engine, setup.pipeline_key)
         with gc_hook(injector, setup.gc_grace_s):
             done = run_stage_to_close(
                 _coordinator(engine, setup, storage, injector),
@@ -642,31 +649,45 @@ def _spec(rng: random.Random, name: str, stage_id: str, action: Action | None = 
 
 #: Share of the runs of a shape with parallel stages that get a straggler (see straggler()).
 STRAGGLER_SHARE = 0.5
+#: The longest a straggler run's hold waits (a sibling killed or crashed may never get there).
+HOLD_CAP_S = 30.0
 
 
 def straggler(
     rng: random.Random, shape: Shape, first: list[FaultSpec], batch_sizes: dict[str, int | str]
 ) -> list[FaultSpec]:
-    """Make one of the parallel stages the last to finish (one split per batch and a short
-    stall, the others four splits per batch and no fault) and fail the first checkpoint
-    completion it attempts (EIO/ENOSPC writing ``_metadata``).
+    """Order three parallel stages so that a checkpoint stays pending while a later one
+    completes, and fail the first checkpoint completion of the one that finishes last.
 
-    Without periodic checkpoints the first two parallel stages to finish trigger eager final
-    checkpoints N and N+1 that both wait for the straggler; its next batch acknowledges both in
-    one transition: N fails to complete, N+1 completes first, and the stage that finished
-    first closes on N+1 (FLIP-147: "finish, 42/43/44 triggered, 43 completes first"). Timing
-    still decides (the campaign counts what happened, it does not assume it).
+    Stages ``a``, ``b`` and the straggler ``s`` start together; each holds before its first
+    batch (a DELAY ``until`` the store shows the others there):
+
+    1. ``a`` waits for ``b`` and ``s`` to start, runs, and finishes: eager checkpoint N waits
+       for ``b`` and ``s``;
+    2. ``b`` waits for ``a``'s finish: its first batch boundary acknowledges N, so its own
+       finish cannot join N and triggers N+1 (FLIP-147: 42, then 43);
+    3. ``s`` waits for both finishes: its first batch acknowledges N and N+1 in one transition,
+       writing N's ``_metadata`` fails (EIO/ENOSPC), N+1 completes first and ``a`` closes on it.
+
+    Without the holds this depended on timing (and a CI machine saw none in 42 runs). Holds
+    end after ``HOLD_CAP_S`` at the latest: a sibling killed from outside does not hang the run.
     """
     slow = rng.choice(shape.parallel)
+    a, b = [sid for sid in shape.parallel if sid != slow][:2]
     upstream = {up for sid in shape.parallel for up in shape.stage(sid).upstream}
     for sid in upstream:
         batch_sizes[sid] = 1  # more parts: more batches for the straggler
     for sid in shape.parallel:
         batch_sizes[sid] = 1 if sid == slow else 4
     action = rng.choice((Action.EIO, Action.ENOSPC))
-    stall = round(rng.uniform(0.2, 0.5), 3)
+
+    def hold(stage: str, *until: str) -> FaultSpec:
+        return FaultSpec("before-batch", Action.DELAY, stage=stage, delay_s=HOLD_CAP_S, until=until)
+
     return [s for s in first if s.stage not in shape.parallel] + [
-        FaultSpec("after-record-batch", Action.DELAY, stage=slow, nth=1, delay_s=stall),
+        hold(a, f"{b}:started", f"{slow}:started"),
+        hold(b, f"{a}:finished"),
+        hold(slow, f"{a}:finished", f"{b}:finished"),
         FaultSpec("metadata-before-write", action, stage=slow, nth=1),
     ]
 
@@ -702,7 +723,8 @@ def plan_concurrent_run(
         sid: rng.choice((1, 1, 2, 3, "auto")) for sid in shape.stage_ids
     }
     interval = rng.choice((0.0, 0.0, 3600.0))
-    if shape.parallel and rng.random() < STRAGGLER_SHARE:
+    straggling = bool(shape.parallel) and rng.random() < STRAGGLER_SHARE
+    if straggling:
         first, interval = straggler(rng, shape, first, batch_sizes), 3600.0
     kill_stage = None
     kills: tuple[float | None, ...] = ()
@@ -714,6 +736,9 @@ def plan_concurrent_run(
     attempts = tuple(a for a in (tuple(first), tuple(second)) if a)
     if second and not first:
         attempts = ((), tuple(second))
+    commit_mode = "final" if rng.random() < 0.25 else "progressive"
+    retain = rng.choice((1, 2, 3))
+    timeout = 1.0 if rng.random() < 0.3 else 600.0
     return RunPlan(
         index=index,
         kind=CONCURRENT,
@@ -721,10 +746,11 @@ def plan_concurrent_run(
         attempts=attempts,
         kills=kills,
         batch_sizes=batch_sizes,
-        commit_mode="final" if rng.random() < 0.25 else "progressive",
+        commit_mode=commit_mode,
         checkpoint_interval_s=interval,
-        retain_checkpoints=rng.choice((1, 2, 3)),
-        checkpoint_timeout_s=1.0 if rng.random() < 0.3 else 600.0,
+        retain_checkpoints=retain,
+        # a straggler's N stays pending through two stages' work: a 1 s timeout would abort it
+        checkpoint_timeout_s=600.0 if straggling else timeout,
         shape=shape.name,
         kill_stage=kill_stage,
     )

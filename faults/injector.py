@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,10 @@ class FaultSpec:
     #: Sink-layer points: fire only in the sink of this kind (``iceberg``, ``delta``...), whose
     #: own hits ``nth`` counts; None: in any sink.
     sink: str | None = None
+    #: DELAY only: hold until every ``"<stage>:<state>"`` holds (state ``started`` or
+    #: ``finished``, read from the store), for at most ``delay_s``. Orders attempts of stages
+    #: running side by side without betting on timing (the concurrent campaign's stragglers).
+    until: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         spec = point(self.point)
@@ -49,23 +53,53 @@ class FaultSpec:
             )
         if self.nth < 1:
             raise ValueError(f"nth must be >= 1, got {self.nth}")
+        if self.until and self.action is not Action.DELAY:
+            raise ValueError(f"'until' needs action 'delay', got {self.action.value!r}")
+        for condition in self.until:
+            stage, _, state = condition.partition(":")
+            if not stage or state not in HOLD_STATES:
+                raise ValueError(
+                    f"'until' condition {condition!r} is not '<stage>:<state>' with state "
+                    f"{' or '.join(HOLD_STATES)}"
+                )
 
     def describe(self) -> str:
         where = f"{self.point}@{self.stage}" if self.stage else self.point
         where += f" in sink {self.sink}" if self.sink else ""
         extra = f" {self.delay_s:.2f}s" if self.action is Action.DELAY else ""
+        extra += f" until {', '.join(self.until)}" if self.until else ""
         return f"{self.action.value}{extra} at {where} (hit {self.nth})"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["action"] = self.action.value
-        if data["sink"] is None:
-            del data["sink"]  # the same dict as before sinks could be targeted
+        for optional in ("sink", "until"):
+            if not data[optional]:
+                del data[optional]  # the same dict as before these could be set
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FaultSpec:
-        return cls(**{**data, "action": Action(data["action"])})
+        until = tuple(data.get("until", ()))
+        return cls(**{**data, "action": Action(data["action"]), "until": until})
+
+
+#: Lifecycles (``StageLifecycle`` values) that satisfy a hold's ``<stage>:<state>`` condition.
+HOLD_STATES: dict[str, frozenset[str]] = {
+    "started": frozenset({"RUNNING", "FINISHED", "SUSPENDED", "CLOSED"}),
+    "finished": frozenset({"FINISHED", "CLOSED"}),
+}
+#: How often a hold reads the stages' lifecycles.
+HOLD_POLL_S = 0.02
+
+
+def conditions_hold(until: Iterable[str], lifecycles: Mapping[str, str]) -> bool:
+    """Whether every ``"<stage>:<state>"`` condition holds for these stage lifecycles."""
+    for condition in until:
+        stage, _, state = condition.partition(":")
+        if lifecycles.get(stage) not in HOLD_STATES[state]:
+            return False
+    return True
 
 
 def _oserror(code: int, where: str) -> OSError:
@@ -86,6 +120,7 @@ class FaultInjector:
     label: str = ""
     stage: str | None = None
     zombie: Callable[[str], None] | None = None
+    lifecycles: Callable[[], Mapping[str, str]] | None = None
     hits: Counter[str] = field(default_factory=Counter)
     #: Hits of sink-layer points per sink kind: ``"<point>@<kind>"``.
     sink_hits: Counter[str] = field(default_factory=Counter)
@@ -163,12 +198,25 @@ class FaultInjector:
         if spec.action is Action.ENOSPC:
             raise _oserror(errno.ENOSPC, where)
         if spec.action is Action.DELAY:
-            time.sleep(spec.delay_s)
+            self._delay(spec)
             return
         if spec.action is Action.ZOMBIE:
             if self.zombie is None or stage is None:
                 raise InjectedFault(f"zombie fault at {where} but no way to start a new attempt")
             self.zombie(stage)
+
+    def _delay(self, spec: FaultSpec) -> None:
+        if not spec.until:
+            time.sleep(spec.delay_s)
+            return
+        if self.lifecycles is None:
+            raise InjectedFault(f"{spec.describe()}: this process cannot read stage lifecycles")
+        deadline = time.monotonic() + spec.delay_s
+        while not conditions_hold(spec.until, self.lifecycles()):
+            if time.monotonic() >= deadline:
+                log.warning("%s: gave up after %.1f s", spec.describe(), spec.delay_s)
+                return
+            time.sleep(HOLD_POLL_S)
 
     def unfired(self) -> list[FaultSpec]:
         return [s for i, s in enumerate(self.specs) if i not in self._done]

@@ -337,8 +337,9 @@ def _classify(outcome: AttemptOutcome, kill_planned: bool) -> tuple[str | None, 
 
 def _spec_fields(event: dict[str, Any]) -> dict[str, Any]:
     fields = {k: event[k] for k in ("point", "action", "stage", "nth", "delay_s")}
-    if event.get("sink") is not None:
-        fields["sink"] = event["sink"]
+    for optional in ("sink", "until"):
+        if event.get(optional):
+            fields[optional] = event[optional]
     return fields
 
 

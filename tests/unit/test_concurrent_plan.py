@@ -114,16 +114,32 @@ def test_coverage_arms_every_point_of_a_stage_before_repeating_one() -> None:
     assert sorted(drawn) == sorted(points)
 
 
-def test_a_straggler_is_the_slowest_parallel_stage_and_fails_its_first_completion() -> None:
+def test_a_straggler_run_orders_three_parallel_stages_and_fails_the_last_ones_completion() -> None:
     shape = SHAPES["wide"]
     sizes = dict.fromkeys(shape.stage_ids, 2)
     specs = straggler(random.Random(3), shape, [], sizes)
-    slow = {s.stage for s in specs}
-    assert len(slow) == 1 and slow <= set(shape.parallel)
-    assert sizes[slow.pop()] == 1 and sizes["src"] == 1
-    assert sorted(sizes[s] for s in shape.parallel) == [1, 4, 4]
     [write] = [s for s in specs if s.point == "metadata-before-write"]
+    slow = write.stage
     assert write.nth == 1 and write.action in (Action.EIO, Action.ENOSPC)
+    assert sizes[slow] == 1 and sizes["src"] == 1
+    assert sorted(sizes[s] for s in shape.parallel) == [1, 4, 4]
+    holds = {s.stage: set(s.until) for s in specs if s.action is Action.DELAY}
+    assert all(s.point == "before-batch" and s.nth == 1 for s in specs if s.until)
+    [a] = [sid for sid, until in holds.items() if all(c.endswith(":started") for c in until)]
+    [b] = set(shape.parallel) - {a, slow}
+    assert holds == {
+        a: {f"{b}:started", f"{slow}:started"},  # N waits for b and the straggler
+        b: {f"{a}:finished"},  # b acknowledges N at a batch boundary: its finish triggers N+1
+        slow: {f"{a}:finished", f"{b}:finished"},  # then it answers N and N+1 at once
+    }
+
+
+def test_straggler_runs_never_time_out_their_pending_checkpoint() -> None:
+    plans = plan_concurrent(60, 4, 0, shapes=("wide",))
+    straggling = [p for p in plans if any(s.until for a in p.attempts for s in a)]
+    assert 10 <= len(straggling) < 60
+    assert {p.checkpoint_timeout_s for p in straggling} == {600.0}
+    assert 1.0 in {p.checkpoint_timeout_s for p in plans if p not in straggling}
 
 
 def test_the_reference_has_every_branch_with_its_own_key_prefix() -> None:

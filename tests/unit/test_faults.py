@@ -112,6 +112,49 @@ def test_disk_full_is_enospc() -> None:
     assert err.value.errno == errno.ENOSPC and "injected at state-mid-write" in str(err.value)
 
 
+def test_a_hold_waits_until_the_stages_it_names_got_there() -> None:
+    spec = FaultSpec(
+        "before-batch", Action.DELAY, stage="b", delay_s=5.0, until=("a:finished", "c:started")
+    )
+    assert FaultSpec.from_dict(spec.to_dict()) == spec
+    assert spec.describe() == "delay 5.00s until a:finished, c:started at before-batch@b (hit 1)"
+    states = iter(
+        [
+            {"a": "RUNNING", "c": "NOT_STARTED"},
+            {"a": "FINISHED", "c": "NOT_STARTED"},
+            {"a": "FINISHED", "c": "SUSPENDED"},
+        ]
+    )
+    reads: list[dict[str, str]] = []
+
+    def lifecycles() -> dict[str, str]:
+        reads.append(next(states))
+        return reads[-1]
+
+    injector = FaultInjector((spec,), lifecycles=lifecycles)
+    injector.hit("before-batch", "b")
+    assert len(reads) == 3  # it went on at the first read where both held
+
+
+def test_a_hold_gives_up_after_its_delay() -> None:
+    spec = FaultSpec("before-batch", Action.DELAY, delay_s=0.1, until=("a:finished",))
+    reads: list[int] = []
+    injector = FaultInjector((spec,), lifecycles=lambda: reads.append(1) or {"a": "RUNNING"})
+    injector.hit("before-batch", "b")
+    assert len(reads) >= 3  # it kept reading until the cap, then went on
+    with pytest.raises(InjectedFault, match="cannot read stage lifecycles"):
+        FaultInjector((spec,)).hit("before-batch", "b")
+
+
+def test_a_hold_refuses_a_bad_condition() -> None:
+    with pytest.raises(ValueError, match="'until' needs action 'delay', got 'crash'"):
+        FaultSpec("before-batch", Action.CRASH, until=("a:finished",))
+    for bad in ("a", "a:closed", ":finished"):
+        with pytest.raises(ValueError, match="is not '<stage>:<state>'"):
+            FaultSpec("before-batch", Action.DELAY, until=(bad,))
+    assert "until" not in FaultSpec("before-batch", Action.DELAY).to_dict()
+
+
 def test_zombie_fault_runs_the_newer_attempt_in_the_fault_point() -> None:
     started: list[str] = []
     injector = FaultInjector((FaultSpec("before-close", Action.ZOMBIE),))
