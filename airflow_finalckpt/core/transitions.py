@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_finalckpt.core.errors import IllegalTransitionError
-from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,
     CheckpointRecord,
@@ -19,7 +18,6 @@ from airflow_finalckpt.core.model import (
     SinkTransaction,
     StageCheckpointRecord,
     StageLifecycle,
-    StageProgress,
     StageSnapshot,
     StageStatus,
     StopState,
@@ -31,7 +29,6 @@ from airflow_finalckpt.core.views import (
     AckRow,
     AckTarget,
     CheckpointInfo,
-    StageRow,
     StopRequest,
     savepoint_in_progress,
 )
@@ -44,32 +41,6 @@ def may_trigger(reason: TriggerReason, stop: StopRequest | None, has_pending: bo
     if stop is not None and (stop.state is StopState.COMPLETED or savepoint_in_progress(stop)):
         return False
     return not (reason is TriggerReason.PERIODIC and has_pending)
-
-
-def live_progress(graph: StageGraph, rows: Mapping[str, StageRow]) -> dict[str, StageProgress]:
-    """What the plan calculator needs of each stage of ``graph``. A row read without its
-    progress (a finished stage, ``StoreReader.plan_rows``) gives no split ids: the plan records
-    a finished stage as a flag, so its progress is neither parsed nor needed; nor is a progress
-    without finished splits (a stage that has not started). The values are typed already (the
-    row's enum, a frozenset): built without validating them again (10,000 stages a trigger).
-    """
-    return {
-        sid: StageProgress.model_construct(
-            lifecycle=row.lifecycle,
-            finished_splits=finished_split_ids(row),
-            total_splits=row.total_splits,
-        )
-        for sid, row in rows.items()
-        if sid in graph
-    }
-
-
-def finished_split_ids(row: StageRow) -> frozenset[str]:
-    """The row's finished split ids, without parsing a progress that has none."""
-    data = row.progress_data
-    if data is None or not data.get("finished_splits"):
-        return frozenset()
-    return row.progress.finished_splits
 
 
 def finished_unclosed(plan: CheckpointPlan, lifecycles: Mapping[str, StageLifecycle]) -> list[str]:

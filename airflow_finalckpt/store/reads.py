@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import JSON, bindparam, case, func, null, select, type_coerce
+from sqlalchemy import bindparam, func, select
 
 from airflow_finalckpt.core.errors import (
     IllegalTransitionError,
@@ -31,7 +31,7 @@ from airflow_finalckpt.core.views import (
 )
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
-from airflow_finalckpt.store.reads_checkpoint import RUNNING_STATES, CheckpointReader
+from airflow_finalckpt.store.reads_checkpoint import CheckpointReader
 
 #: States of a checkpoint that can still close a finished stage (in flight or done).
 CANDIDATE_STATES = (
@@ -128,31 +128,6 @@ class StoreReader(CheckpointReader):
             )
         ).all()
         return {str(sid): StageLifecycle(lifecycle) for sid, lifecycle in rows}
-
-    def plan_rows(self) -> dict[str, StageRow]:
-        """Every stage as the plan calculator needs it: the progress JSON only of stages that
-        have not finished (a finished stage is a flag in the plan; its finished split lists are
-        what made a trigger O(finished splits)); their final snapshots not at all.
-        """
-        s = t.stages.c
-        unfinished = [StageLifecycle.NOT_STARTED.value, *RUNNING_STATES]
-        progress = type_coerce(case((s.lifecycle.in_(unfinished), s.progress), else_=null()), JSON)
-        rows = self.conn.execute(
-            select(
-                s.stage_id,
-                s.lifecycle,
-                s.epoch,
-                s.total_splits,
-                s.finish_threshold,
-                s.closed_checkpoint_id,
-                s.updated_at,
-                progress.label("progress"),
-                null().label("final_snapshot"),
-            )
-            .where(s.pipeline_key == self.key)
-            .order_by(s.stage_id)
-        ).mappings()
-        return {row["stage_id"]: r.stage_row(row) for row in rows}
 
     def stage_row(self, stage_id: str) -> StageRow:
         """One stage; UnknownStageError if the pipeline has no such stage."""

@@ -69,21 +69,6 @@ class CheckpointReader(AckReader):
 
     # ------------------------------------------------------------------ completion (metadata v2)
 
-    def finished_ends(self) -> dict[str, FinishedStageEnd]:
-        """Of every FINISHED or CLOSED stage, what a checkpoint records of it (see
-        ``finished_stages``), as its end.
-        """
-        found = self.finished_stages()
-        from_entries = {
-            sid: FinishedStageEnd(
-                end_of_data=stage.end_of_data,
-                watermark=stage.watermark,
-                finished_count=stage.finished_count,
-            )
-            for sid, stage in found.records.items()
-        }
-        return {**found.ends, **from_entries}
-
     def finished_stages(self) -> FinishedStages:
         """Of every FINISHED or CLOSED stage, what a checkpoint records of it, its finished
         split ids never read. A stage with a stored entry (``final_entry``, encoded when it

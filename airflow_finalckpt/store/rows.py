@@ -75,7 +75,7 @@ def stage_row(row: Mapping[Any, Any]) -> StageRow:
 
 def final_end(final: StageSnapshot) -> dict[str, Any]:
     """The ``final_end`` column of a finished stage: what a checkpoint records of it (see
-    ``StoreReader.finished_ends``), never its split ids.
+    ``CheckpointReader.finished_stages``), never its split ids.
     """
     eod = final.end_of_data
     return {

@@ -44,8 +44,11 @@ def final_end_column(engine: Engine, key: str, stage_id: str) -> Any:
 
 
 def finished_ends(engine: Engine, key: str) -> dict[str, FinishedStageEnd]:
+    """The ends a completion reads of finished stages without a stored entry."""
     with CoordinationStore(engine, key).read() as rows:
-        return rows.finished_ends()
+        found = rows.finished_stages()
+    assert not found.records  # no final_entry: read from final_end, else the JSON paths
+    return found.ends
 
 
 def test_finish_writes_final_end_and_a_row_without_it_reads_the_same(
@@ -62,6 +65,8 @@ def test_finish_writes_final_end_and_a_row_without_it_reads_the_same(
     assert EndOfData.model_validate(stored["end_of_data"]).manifest == EOD.manifest
     assert "a-split-1" not in str(stored)  # a narrow value: no split ids
     assert final_end_column(engine, "ends", "b") is None  # not finished
+    with engine.begin() as conn:  # as a version before final_entry (0005) left it
+        conn.execute(update(t.stages).where(t.stages.c.stage_id == "a").values(final_entry=None))
     with_column = finished_ends(engine, "ends")
     assert set(with_column) == {"a"} and with_column["a"].finished_count == 3
     assert with_column["a"].end_of_data is not None

@@ -12,7 +12,13 @@ from sqlalchemy import update
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core import transitions as rules
 from airflow_finalckpt.core.graph import StageGraph
-from airflow_finalckpt.core.model import EndOfData, StageLifecycle, StageSnapshot, TriggerReason
+from airflow_finalckpt.core.model import (
+    EndOfData,
+    StageLifecycle,
+    StageProgress,
+    StageSnapshot,
+    TriggerReason,
+)
 from airflow_finalckpt.core.plan import CheckpointPlan, calculate_plan, plan_of_lifecycles
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.engine import make_engine
@@ -39,7 +45,6 @@ def test_plan_lifecycles_plans_what_the_progress_rows_plan(store_url: str) -> No
     coord.close("closed", epochs["closed"], closable)
     with CoordinationStore(engine, "lifecycles").read() as rows:
         lifecycles, with_splits = rows.plan_lifecycles()
-        full = calculate_plan(graph, rules.live_progress(graph, rows.plan_rows()))
     assert lifecycles == {
         "done": StageLifecycle.FINISHED,
         "closed": StageLifecycle.CLOSED,
@@ -49,6 +54,17 @@ def test_plan_lifecycles_plans_what_the_progress_rows_plan(store_url: str) -> No
         "late": StageLifecycle.NOT_STARTED,
     }
     assert with_splits == {"busy"}
+    full = calculate_plan(
+        graph,
+        {
+            sid: StageProgress(
+                lifecycle=view.lifecycle,
+                finished_splits=view.progress.finished_splits,
+                total_splits=view.total_splits,
+            )
+            for sid, view in coord.stages().items()
+        },
+    )
     lean = plan_of_lifecycles(graph, lifecycles, with_splits)
     assert lean == CheckpointPlan.from_dict(full.to_dict(splits=False))
     assert rules.finished_unclosed(lean, lifecycles) == ["done"]

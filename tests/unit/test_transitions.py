@@ -5,7 +5,6 @@ what a completed checkpoint records, subsumption, retention, expiry, the stop a 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from airflow_finalckpt.core.model import (
     SinkTransaction,
     StageCheckpointRecord,
     StageLifecycle,
+    StageProgress,
     StageSnapshot,
     StageStatus,
     StateHandle,
@@ -111,6 +111,18 @@ def test_may_trigger(
     assert rules.may_trigger(reason, the_stop, pending) is allowed
 
 
+def progress_of(rows: dict[str, StageRow]) -> dict[str, StageProgress]:
+    """What the plan calculator needs of each stage row."""
+    return {
+        sid: StageProgress(
+            lifecycle=r.lifecycle,
+            finished_splits=r.progress.finished_splits,
+            total_splits=r.total_splits,
+        )
+        for sid, r in rows.items()
+    }
+
+
 def lifecycles_of(rows: dict[str, StageRow]) -> dict[str, StageLifecycle]:
     return {sid: r.lifecycle for sid, r in rows.items()}
 
@@ -122,7 +134,7 @@ def test_a_trigger_covers_finished_unclosed_stages_only() -> None:
         "b": row("b", StageLifecycle.FINISHED, threshold=2),
         "c": row("c", StageLifecycle.RUNNING, splits=("p0",)),
     }
-    plan = calculate_plan(g, rules.live_progress(g, rows))
+    plan = calculate_plan(g, progress_of(rows))
     assert plan.to_ack == ("c",) and plan.to_trigger == ("c",)
     assert rules.finished_unclosed(plan, lifecycles_of(rows)) == ["b"]
     assert plan.partially_finished == {"c": frozenset({"p0"})}
@@ -131,47 +143,13 @@ def test_a_trigger_covers_finished_unclosed_stages_only() -> None:
 def test_a_stage_with_two_upstreams_is_a_trigger_source_once_both_finished() -> None:
     g = graph({"a": (), "b": (), "join": ("a", "b")})
     rows = {"a": row("a", StageLifecycle.FINISHED, threshold=1), "b": row("b"), "join": row("join")}
-    plan = calculate_plan(g, rules.live_progress(g, rows))
+    plan = calculate_plan(g, progress_of(rows))
     assert plan.to_ack == ("b", "join") and plan.to_trigger == ("b",)  # join still waits for b
     rows["b"] = row("b", StageLifecycle.FINISHED, threshold=2)
-    plan = calculate_plan(g, rules.live_progress(g, rows))
+    plan = calculate_plan(g, progress_of(rows))
     assert plan.to_ack == ("join",) and plan.to_trigger == ("join",)
     assert set(plan.fully_finished) == {"a", "b"}
     assert rules.finished_unclosed(plan, lifecycles_of(rows)) == ["a", "b"]
-
-
-def test_live_progress_ignores_stages_the_graph_no_longer_has() -> None:
-    rows = {"a": row("a"), "gone": row("gone")}
-    assert set(rules.live_progress(graph({"a": ()}), rows)) == {"a"}
-
-
-def test_live_progress_of_a_row_read_without_its_progress() -> None:
-    """plan_rows leaves a finished stage's progress out: no split ids, still FULLY_FINISHED."""
-    g = graph({"a": (), "b": ("a",)})
-    done = replace(row("a", StageLifecycle.CLOSED, splits=("a0",)), progress_data=None)
-    rows = {"a": done, "b": row("b", splits=("b0",))}
-    live = rules.live_progress(g, rows)
-    assert live["a"].finished_splits == frozenset()
-    assert live["b"].finished_splits == frozenset({"b0"})
-    plan = calculate_plan(g, live)
-    assert plan.statuses["a"] is StageStatus.FULLY_FINISHED
-    assert plan.partially_finished == {"b": frozenset({"b0"})}
-
-
-def test_live_progress_parses_no_progress_without_finished_splits() -> None:
-    """An empty split list needs no parse (a bad rest would have raised); a non-empty one is
-    parsed and validated; the progress values keep their types.
-    """
-    g = graph({"a": (), "b": ()})
-    empty = replace(row("a"), progress_data={"finished_splits": [], "state": "not parsed"})
-    rows = {"a": empty, "b": row("b", splits=("b1", "b0"))}
-    live = rules.live_progress(g, rows)
-    assert live["a"].finished_splits == frozenset() and live["a"].lifecycle is row("a").lifecycle
-    assert live["b"].finished_splits == frozenset({"b0", "b1"})
-    assert live["b"].total_splits == rows["b"].total_splits
-    bad = replace(row("b"), progress_data={"finished_splits": ["b0"], "state": "not a list"})
-    with pytest.raises(ValueError):
-        rules.live_progress(g, {"b": bad})
 
 
 # ---------------------------------------------------------------------------------- ack
