@@ -31,11 +31,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 
-from airflow_finalckpt.core.model import CheckpointState, SinkTransaction, TransactionState
+from airflow_finalckpt.core.model import SinkTransaction, TransactionState
 from airflow_finalckpt.core.transitions_boundary import Awaiting, BoundaryAcks, StoredTxn
 from airflow_finalckpt.core.views import StopRequest
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.reads_acks import awaiting_select, newest_acked
 
 _PRECOMMITTED = TransactionState.PRECOMMITTED.value
 
@@ -61,29 +62,12 @@ def _agg(dialect: str, *values: Any) -> Any:
 
 @cache
 def _read_statement(dialect: str) -> Any:
-    due, cks, acks, x = t.acks_due.c, t.checkpoints.c, t.acks.c, t.transactions.c
+    due, cks, x = t.acks_due.c, t.checkpoints.c, t.transactions.c
     key: Any = bindparam("b_key")
     stage: Any = bindparam("b_stage")
-    awaiting = (
-        select(_agg(dialect, due.checkpoint_id, cks.acks_pending, cks.triggered_at))
-        .select_from(
-            t.acks_due.join(
-                t.checkpoints,
-                (cks.pipeline_key == due.pipeline_key) & (cks.checkpoint_id == due.checkpoint_id),
-            )
-        )
-        .where(
-            due.pipeline_key == key,
-            due.stage_id == stage,
-            cks.state == CheckpointState.PENDING.value,
-        )
-        .scalar_subquery()
-    )
-    newest = (
-        select(func.max(acks.checkpoint_id))
-        .where(acks.pipeline_key == key, acks.stage_id == stage)
-        .scalar_subquery()
-    )
+    awaiting = awaiting_select(
+        _agg(dialect, due.checkpoint_id, cks.acks_pending, cks.triggered_at)
+    ).scalar_subquery()
     payload: Any
     if dialect == "postgresql":
         payload = x.payload
@@ -110,7 +94,7 @@ def _read_statement(dialect: str) -> Any:
             *t.stages.c,
             *(c.label(f"stop_{c.name}") for c in stops.c),
             type_coerce(awaiting, JSON).label("b_awaiting"),
-            newest.label("b_newest"),
+            newest_acked().label("b_newest"),
             type_coerce(txns, JSON).label("b_txns"),
         )
         .select_from(joined)

@@ -17,30 +17,45 @@ from airflow_finalckpt.core.views import AckRow, AckTarget, parse_snapshot
 from airflow_finalckpt.store import schema as t
 
 
-def _awaiting_statement() -> Any:
-    """Pending checkpoints that wait for a stage (its rows in ``finalckpt_acks_due``, by the
-    stage index) with what their acknowledgement decides on: built once, executed with bound
-    values (its compiled form is cached; building a statement costs more than running it).
+def awaiting_select(*columns: Any) -> Any:
+    """``columns`` of the pending checkpoints that wait for stage ``b_stage`` of pipeline
+    ``b_key`` (its rows in ``finalckpt_acks_due``, by the stage index, joined to the checkpoint).
     """
-    due, cks, acks = t.acks_due.c, t.checkpoints.c, t.acks.c
-    newest = (
-        select(func.max(acks.checkpoint_id))
-        .where(acks.pipeline_key == bindparam("b_key"), acks.stage_id == bindparam("b_stage"))
-        .scalar_subquery()
-    )
+    due, cks = t.acks_due.c, t.checkpoints.c
     return (
-        select(due.checkpoint_id, cks.acks_pending, cks.triggered_at, newest.label("newest"))
-        .join(
-            t.checkpoints,
-            (cks.pipeline_key == due.pipeline_key) & (cks.checkpoint_id == due.checkpoint_id),
+        select(*columns)
+        .select_from(
+            t.acks_due.join(
+                t.checkpoints,
+                (cks.pipeline_key == due.pipeline_key) & (cks.checkpoint_id == due.checkpoint_id),
+            )
         )
         .where(
             due.pipeline_key == bindparam("b_key"),
             due.stage_id == bindparam("b_stage"),
             cks.state == CheckpointState.PENDING.value,
         )
-        .order_by(due.checkpoint_id)
     )
+
+
+def newest_acked() -> Any:
+    """The newest checkpoint id stage ``b_stage`` of pipeline ``b_key`` acknowledged."""
+    acks = t.acks.c
+    return (
+        select(func.max(acks.checkpoint_id))
+        .where(acks.pipeline_key == bindparam("b_key"), acks.stage_id == bindparam("b_stage"))
+        .scalar_subquery()
+    )
+
+
+def _awaiting_statement() -> Any:
+    """The checkpoints that wait for a stage with what their acknowledgement decides on: built
+    once, executed with bound values (its compiled form is cached; building a statement costs
+    more than running it).
+    """
+    due, cks = t.acks_due.c, t.checkpoints.c
+    columns = (due.checkpoint_id, cks.acks_pending, cks.triggered_at)
+    return awaiting_select(*columns, newest_acked().label("newest")).order_by(due.checkpoint_id)
 
 
 _AWAITING = _awaiting_statement()
