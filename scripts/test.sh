@@ -4,7 +4,8 @@
 # The end-to-end tests (tests/e2e: real Airflow deployments) spend most of their time waiting on
 # schedulers, triggerers and Spark start-ups, so by default the suite runs in three pytest
 # processes side by side (FINALCKPT_TEST_JOBS=1: one process, in order): the branching e2e
-# modules; the other e2e modules with the Spark standalone cluster tests; the rest. Each lane has
+# modules with the benchmark smoke; the other e2e modules with the Spark standalone cluster
+# tests; the rest. Each lane has
 # its own AIRFLOW_HOME and lists its 25 slowest tests; the suite must stay well under 30 minutes
 # on 2 cores. Arguments (e.g. a path or -k) run one pytest process.
 # FINALCKPT_REQUIRE_POSTGRES=1 turns "PostgreSQL not reachable" skips into failures (CI sets it).
@@ -43,8 +44,9 @@ if [ "$#" -gt 0 ] || [ "${FINALCKPT_TEST_JOBS:-2}" = "1" ]; then
 else
   # Lanes 1 and 2 run in the background with live logs, printed after lane 3 (the rest).
   branching=(tests/e2e/test_branching_faults.py tests/e2e/test_example_pipeline.py tests/e2e/test_harness.py)
-  lane_names=("tests/e2e (branching)" "tests/e2e (others) + tests/cluster")
-  lane_args=("${branching[*]}" "tests/e2e tests/cluster ${branching[*]/#/--ignore=}")
+  smoke=tests/integration/test_benchmarks_quick.py  # ~2.5 min: evens the lanes out
+  lane_names=("tests/e2e (branching) + the benchmark smoke" "tests/e2e (others) + tests/cluster")
+  lane_args=("${branching[*]} $smoke" "tests/e2e tests/cluster ${branching[*]/#/--ignore=}")
   pids=()
   logs=()
   for i in 0 1; do
@@ -59,13 +61,14 @@ else
   trap 'kill -INT "${pids[@]}" 2>/dev/null || true' EXIT
   mkdir -p "$home/rest"
   rest_rc=0
-  AIRFLOW_HOME=$home/rest "${PYTEST[@]}" --ignore=tests/e2e --ignore=tests/cluster || rest_rc=$?
+  AIRFLOW_HOME=$home/rest "${PYTEST[@]}" --ignore=tests/e2e --ignore=tests/cluster --ignore=$smoke ||
+    rest_rc=$?
   lane_rc=(0 0)
   for i in 0 1; do
     wait "${pids[i]}" || lane_rc[i]=$?
   done
   trap - EXIT
-  check "tests other than tests/e2e and tests/cluster" "$rest_rc" || status=1
+  check "the rest (tests other than the two lanes')" "$rest_rc" || status=1
   for i in 0 1; do
     echo "==> ${lane_names[i]}"
     cat "${logs[i]}"
