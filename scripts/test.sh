@@ -2,12 +2,10 @@
 # Set up everything and run the whole test suite, then ruff and mypy.
 #
 # The end-to-end tests (tests/e2e: real Airflow deployments) spend most of their time waiting on
-# schedulers, triggerers and Spark start-ups, so by default the suite runs in three pytest
-# processes side by side (FINALCKPT_TEST_JOBS=1: one process, in order): the branching e2e
-# modules with the benchmark smoke; the other e2e modules with the Spark standalone cluster
-# tests; the rest. Each lane has
-# its own AIRFLOW_HOME and lists its 25 slowest tests; the suite must stay well under 30 minutes
-# on 2 cores. Arguments (e.g. a path or -k) run one pytest process.
+# schedulers, triggerers and Spark start-ups, so by default they run in one pytest process while
+# the rest of the suite runs in a second one next to it (FINALCKPT_TEST_JOBS=1: one process, in
+# order). Each process has its own AIRFLOW_HOME and lists its 25 slowest tests; the suite must
+# stay well under 30 minutes on 2 cores. Arguments (e.g. a path or -k) run one pytest process.
 # FINALCKPT_REQUIRE_POSTGRES=1 turns "PostgreSQL not reachable" skips into failures (CI sets it).
 # --fast: the inner loop's tier only (tests/unit: the core rules, the coordinator's transitions
 # on plain values, the runtime with fakes; ~2 minutes here), then ruff; no Spark, Airflow or e2e.
@@ -42,38 +40,22 @@ if [ "$#" -gt 0 ] || [ "${FINALCKPT_TEST_JOBS:-2}" = "1" ]; then
   AIRFLOW_HOME=$home "${PYTEST[@]}" "$@" || rc=$?
   check "whole suite" "$rc" || status=1
 else
-  # Lanes 1 and 2 run in the background with live logs, printed after lane 3 (the rest).
-  branching=(tests/e2e/test_branching_faults.py tests/e2e/test_example_pipeline.py tests/e2e/test_harness.py)
-  smoke=tests/integration/test_benchmarks_quick.py  # ~2.5 min: evens the lanes out
-  lane_names=("tests/e2e (branching) + the benchmark smoke" "tests/e2e (others) + tests/cluster")
-  lane_args=("${branching[*]} $smoke" "tests/e2e tests/cluster ${branching[*]/#/--ignore=}")
-  pids=()
-  logs=()
-  for i in 0 1; do
-    mkdir -p "$home/lane$i"
-    logs[i]=$(mktemp -t "finalckpt-lane$i-XXXX.log")
-    echo "==> ${lane_names[i]} in a pytest process of its own (live: ${logs[i]})"
-    # shellcheck disable=SC2086  # the lane's arguments are words
-    AIRFLOW_HOME=$home/lane$i "${PYTEST[@]}" -p no:cacheprovider ${lane_args[i]} >"${logs[i]}" 2>&1 &
-    pids[i]=$!
-  done
-  # an interrupted run stops the lanes too (SIGINT: their fixtures stop their clusters)
-  trap 'kill -INT "${pids[@]}" 2>/dev/null || true' EXIT
-  mkdir -p "$home/rest"
+  mkdir -p "$home/e2e" "$home/rest"
+  e2e_log=$(mktemp -t finalckpt-e2e-XXXX.log)
+  echo "==> tests/e2e in a second pytest process (its output follows the rest's; live: $e2e_log)"
+  e2e_rc=0
+  AIRFLOW_HOME=$home/e2e "${PYTEST[@]}" -p no:cacheprovider tests/e2e >"$e2e_log" 2>&1 &
+  e2e_pid=$!
+  # an interrupted run stops the e2e process too (SIGINT: its fixtures stop their clusters)
+  trap 'kill -INT "$e2e_pid" 2>/dev/null || true' EXIT
   rest_rc=0
-  AIRFLOW_HOME=$home/rest "${PYTEST[@]}" --ignore=tests/e2e --ignore=tests/cluster --ignore=$smoke ||
-    rest_rc=$?
-  lane_rc=(0 0)
-  for i in 0 1; do
-    wait "${pids[i]}" || lane_rc[i]=$?
-  done
+  AIRFLOW_HOME=$home/rest "${PYTEST[@]}" --ignore=tests/e2e || rest_rc=$?
+  wait "$e2e_pid" || e2e_rc=$?
   trap - EXIT
-  check "the rest (tests other than the two lanes')" "$rest_rc" || status=1
-  for i in 0 1; do
-    echo "==> ${lane_names[i]}"
-    cat "${logs[i]}"
-    check "${lane_names[i]}" "${lane_rc[i]}" || status=1
-  done
+  echo "==> tests/e2e"
+  cat "$e2e_log"
+  check "tests other than tests/e2e" "$rest_rc" || status=1
+  check "tests/e2e" "$e2e_rc" || status=1
 fi
 [ "$status" -eq 0 ] || exit 1
 .venv/bin/ruff check .
