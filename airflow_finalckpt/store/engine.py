@@ -9,12 +9,14 @@ transitions of one pipeline are serialized across processes. SQLite gets there w
 from __future__ import annotations
 
 import os
+import sqlite3
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import QueuePool, StaticPool
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 #: Connections a SQLite engine keeps open between transitions (threads beyond it open more).
@@ -61,7 +63,7 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         if not in_memory:
-            cur.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(cur)
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=FULL")
@@ -70,6 +72,28 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Put a file database in WAL mode (persistent: a no-op once it is).
+
+    Switching the journal mode needs an exclusive lock, and SQLite answers "database is locked"
+    at once, without its busy handler, when another connection is switching it at the same
+    moment: several processes opening a new store together. Retried (random exponential waits)
+    for as long as the busy timeout would have waited.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(_is_locked),
+        wait=wait_random_exponential(multiplier=0.01, max=0.5),
+        stop=stop_after_delay(SQLITE_BUSY_TIMEOUT_MS / 1000),
+        reraise=True,
+    ):
+        with attempt:
+            cursor.execute("PRAGMA journal_mode=WAL")
 
 
 def _fork_guard(engine: Engine) -> None:

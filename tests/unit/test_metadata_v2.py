@@ -8,7 +8,6 @@ import base64
 import hashlib
 import json
 import random
-import time
 import zlib
 from typing import Any
 
@@ -259,14 +258,12 @@ def benchmark_like_record(lanes: int, splits: int) -> CheckpointRecord:
     return record_with(stages, graph=graph.to_dict())
 
 
-def test_10000_stages_x_100_splits_write_under_2_mb_in_a_few_seconds() -> None:
+def test_10000_stages_x_100_splits_write_under_2_mb() -> None:
+    # its speed is measured by benchmarks/coordinator_scale.py, not asserted here
     record = benchmark_like_record(2_500, 100)
-    started = time.perf_counter()
     data = dump_metadata(record)
-    dumped = time.perf_counter() - started
     assert len(data) <= 2 * MB, len(data)
     assert load_metadata(data) == as_kept(record)
-    assert dumped < 5.0, dumped
 
 
 def test_fully_finished_stages_keep_their_count_not_their_ids() -> None:

@@ -5,13 +5,14 @@ parent's pooled connection keeps working."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.pool import QueuePool, StaticPool
 
-from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.engine import _enable_wal, make_engine
 
 
 def test_file_sqlite_is_pooled_and_in_memory_is_static(tmp_path: Path) -> None:
@@ -58,3 +59,33 @@ def test_a_forked_child_never_uses_the_parents_connection(tmp_path: Path) -> Non
             assert conn.execute(text("SELECT pid FROM t")).scalars().all() == [pid]
     finally:
         engine.dispose()
+
+
+class _Cursor:
+    """Answers ``PRAGMA journal_mode=WAL`` with the given errors first, then succeeds."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def execute(self, sql: str) -> None:
+        assert sql == "PRAGMA journal_mode=WAL"
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+def test_switching_to_wal_retries_while_another_connection_switches_it() -> None:
+    # SQLite answers "database is locked" at once, busy handler or not, when processes open a
+    # new store together (seen in test_ensure_schema_from_concurrent_processes[sqlite])
+    locked = sqlite3.OperationalError("database is locked")
+    cursor = _Cursor(locked, locked, locked)
+    _enable_wal(cursor)
+    assert cursor.calls == 4
+
+
+def test_switching_to_wal_does_not_retry_other_errors() -> None:
+    cursor = _Cursor(sqlite3.OperationalError("disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _enable_wal(cursor)
+    assert cursor.calls == 1
