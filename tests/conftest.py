@@ -22,6 +22,14 @@ from sqlalchemy.pool import NullPool
 
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 PG_CONNECT_TIMEOUT_S = 5
+#: JVM flags for every Spark driver the suite starts (this process's session, the dag.test and
+#: fault-campaign subprocesses, the e2e Airflow task processes: spark-submit adds
+#: SPARK_SUBMIT_OPTS to the driver JVM it launches). The suite's JVMs live seconds to minutes on
+#: small data and 2 shared cores, where C2 compilation and parallel GC threads were about half
+#: of their CPU (docs/testing.md, "Where the suite's CPU goes"); C1 alone and one GC thread
+#: compute the same results. A value set by the caller wins.
+TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTS)
 
 
 def pg_admin_url() -> URL:

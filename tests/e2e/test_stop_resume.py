@@ -177,6 +177,8 @@ def test_stop_with_savepoint_mid_enrich_then_resume(
 def test_stop_with_drain_mid_ingest(
     cluster: AirflowCluster, control: PipelineControl, work: Path, store_url: str
 ) -> None:
+    gate = work / "drain" / "stop-sent"  # ingest's later batches wait for it (stop_pipelines.py)
+    gate.unlink(missing_ok=True)
     run_id = cluster.trigger_dag(DRAIN_DAG)
     key = wait_for(lambda: control.resolve(DRAIN_DAG, run_id), "the pipeline to register")
     coord = Coordinator(control.engine, key)
@@ -184,6 +186,8 @@ def test_stop_with_drain_mid_ingest(
 
     drained = finalckpt(work, store_url, "stop", DRAIN_DAG, run_id, "--drain")
     assert drained.returncode == 0, drained.stderr
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.touch()
     again = finalckpt(work, store_url, "stop", DRAIN_DAG, run_id, "--savepoint")
     assert again.returncode == 2 and "already stopping" in again.stderr
 

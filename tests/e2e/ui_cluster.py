@@ -28,7 +28,7 @@ from .airflow_cluster import AirflowCluster, _create_database, _drop_database, p
 STOP_DAGS = Path(__file__).parent / "stop_dags"
 SAVEPOINT_DAG = "finalckpt_e2e_savepoint"  # enrich sleeps 3 s per batch
 RESUME_DAG = "finalckpt_e2e_resume"  # its own sinks, enrich sleeps 8 s (test_stop_resume.py)
-DRAIN_DAG = "finalckpt_e2e_drain"  # ingest sleeps 3 s per batch
+DRAIN_DAG = "finalckpt_e2e_drain"  # ingest sleeps 3 s per batch, then waits for the stop
 UI_DRAIN_DAG = "finalckpt_e2e_ui_drain"  # its own sinks, ingest sleeps 10 s (test_ui_browser.py)
 DAYS = 21  # three ingest batches of 7 days; enrich runs three batches of one part
 
