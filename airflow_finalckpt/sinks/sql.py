@@ -290,8 +290,6 @@ class SqlTableSink(TwoPhaseCommitSink):
                 f"sink {self.sink_id!r}: columns {sorted(unknown) or df.columns} are not in "
                 f"table {self.table_name!r} or repeat (it has {list(target.columns.keys())})"
             )
-        with self.engine.begin() as conn:
-            self._books.check_open(conn, txn_id)
         if url.get_backend_name() == "sqlite":  # executors may run elsewhere than the cwd
             url = url.set(database=os.path.abspath(url.database or ""))
         spec = PartitionWrite(
@@ -302,6 +300,9 @@ class SqlTableSink(TwoPhaseCommitSink):
             staging_table=staging.name,
             columns=tuple(df.columns),
         )
+        with self.engine.begin() as conn:
+            self._books.check_open(conn, txn_id)
+            self._books.open_write(conn, txn_id, spec.write_id)
         estimate = estimated_bytes(df)
         if estimate is not None and estimate <= self.driver_write_max_bytes:
             # Small (the size Spark would broadcast): the driver collects it and stages it as one
@@ -425,6 +426,8 @@ class SqlTableSink(TwoPhaseCommitSink):
             self._books.precommit_row(conn, txn_id, lock=True)  # serialize with a racing commit
             if self._books.commit_record_exists(conn, txn_id):
                 raise AlreadyCommittedError(self.sink_id, txn_id, "abort")
+            # Tasks of a failed Spark job may still be staging: wait for them, fence later ones.
+            self._books.wait_for_writing_partitions(conn, txn_id)
             if tables is not None:
                 conn.execute(delete(tables[1]).where(tables[1].c[TXN_COLUMN] == txn_id))
             self._books.forget_writes(conn, txn_id)

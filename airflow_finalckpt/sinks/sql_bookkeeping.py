@@ -18,6 +18,7 @@ from airflow_finalckpt.sinks.sql_tables import (
     COUNT_ROWS,
     PRECOMMITS_TABLE,
     WRITE_DONE,
+    WRITE_OPEN,
     WRITES_TABLE,
     bookkeeping_metadata,
     create_tables,
@@ -129,6 +130,24 @@ class SinkBookkeeping:
         """Transactions with a Spark write recorded (complete or not)."""
         query = select(self.writes.c.txn_id).where(self.writes.c.sink_id == self.sink_id)
         return set(conn.execute(query.distinct()).scalars())
+
+    def open_write(self, conn: Connection, txn_id: str, write_id: str) -> None:
+        """Record a Spark write before its job runs: its partitions stage only while it is open."""
+        conn.execute(
+            insert(self.writes).values(
+                sink_id=self.sink_id, txn_id=txn_id, write_id=write_id, part=WRITE_OPEN, rows=0
+            )
+        )
+
+    def wait_for_writing_partitions(self, conn: Connection, txn_id: str) -> None:
+        """Lock the transaction's open writes until ``conn`` ends: partitions still staging
+        (they hold the open row FOR SHARE) finish first, later ones wait and then find it gone.
+        """
+        writes = self.writes
+        query = select(writes.c.write_id).where(
+            writes.c.sink_id == self.sink_id, writes.c.txn_id == txn_id, writes.c.part == WRITE_OPEN
+        )
+        conn.execute(query.with_for_update()).all()
 
     def complete_write(self, conn: Connection, txn_id: str, write_id: str, rows: int) -> None:
         """Mark a Spark write complete once its job succeeded, if its partitions staged exactly

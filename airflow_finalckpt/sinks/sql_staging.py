@@ -2,7 +2,9 @@
 
 A task opens its own connection and bulk-loads its partition (PostgreSQL ``COPY``, SQLite
 ``executemany``) in one database transaction that also claims the partition in
-``finalckpt_sink_writes``, so a retried or speculative attempt stages nothing twice. Nothing here
+``finalckpt_sink_writes``, so a retried or speculative attempt stages nothing twice, and that
+first holds the write's open row, so a task still running after its job failed and its
+transaction was aborted stages nothing (see ``WRITE_OPEN``). Nothing here
 needs the sink object: what a task needs travels in a picklable ``PartitionWrite``.
 """
 
@@ -17,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, MetaData, Table, event, select, update
 
+from airflow_finalckpt.sinks.base import SinkTransactionError
 from airflow_finalckpt.sinks.sql_tables import (
     COUNT_ROWS,
     TXN_COLUMN,
+    WRITE_OPEN,
     WRITES_TABLE,
     bookkeeping_metadata,
     insert_or_nothing,
@@ -120,6 +124,7 @@ def stage_partition(spec: PartitionWrite, partition: int, batches: Iterator[Any]
             # Convert before taking SQLite's single write lock, to hold it as briefly as can be.
             statement, rows = _sqlite_rows(engine, spec, batches)
             with engine.begin() as conn:  # BEGIN IMMEDIATE: partitions queue on the busy timeout
+                _hold_open_write(conn, writes, key)
                 claimed = _claim(conn, writes, key)
                 if claimed is not None:
                     return claimed
@@ -128,6 +133,7 @@ def stage_partition(spec: PartitionWrite, partition: int, batches: Iterator[Any]
                 _record_rows(conn, writes, key, len(rows))
                 return len(rows)
         with engine.begin() as conn:
+            _hold_open_write(conn, writes, key)
             claimed = _claim(conn, writes, key)
             if claimed is not None:
                 for _ in batches:
@@ -168,6 +174,19 @@ def _sqlite_rows(
     quoted = ", ".join(f'"{name}"' for name in names)
     marks = ", ".join("?" for _ in names)
     return f'INSERT INTO "{spec.staging_table}" ({quoted}) VALUES ({marks})', rows
+
+
+def _hold_open_write(conn: Connection, writes: Table, key: dict[str, Any]) -> None:
+    """Hold the write's open row (FOR SHARE) until the partition's transaction ends; refuse to
+    stage once it is gone (the transaction was aborted, or committed).
+    """
+    where = [writes.c[name] == key[name] for name in ("sink_id", "txn_id", "write_id")]
+    query = select(writes.c.rows).where(*where, writes.c.part == WRITE_OPEN)
+    if conn.execute(query.with_for_update(read=True)).first() is None:
+        raise SinkTransactionError(
+            f"sink {key['sink_id']!r}: transaction {key['txn_id']!r} has no open write "
+            f"{key['write_id']!r} (aborted or committed); partition {key['part']} staged nothing"
+        )
 
 
 def _claim(conn: Connection, writes: Table, key: dict[str, Any]) -> int | None:

@@ -43,9 +43,13 @@ if TYPE_CHECKING:
 
 COMMITS_TABLE = "finalckpt_sink_commits"
 PRECOMMITS_TABLE = "finalckpt_sink_precommits"
-#: Partitions staged by ``write_spark`` (part >= 0) and completed writes (part = WRITE_DONE).
+#: Partitions staged by ``write_spark`` (part >= 0), completed writes (part = WRITE_DONE) and
+#: writes in progress (part = WRITE_OPEN): a partition stages rows only while its write's open
+#: row exists, and an abort deletes it, so the tasks of a failed job that still run when the
+#: transaction is aborted stage nothing after it.
 WRITES_TABLE = "finalckpt_sink_writes"
 WRITE_DONE = -1
+WRITE_OPEN = -2
 STAGING_SUFFIX = "__staging"
 TXN_COLUMN = "finalckpt_txn_id"
 ID_TYPE = String(200)

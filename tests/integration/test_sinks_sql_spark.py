@@ -6,6 +6,7 @@ be pre-committed, and the commit moves the staged rows in one database transacti
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
@@ -124,8 +125,7 @@ def test_a_retried_task_attempt_stages_nothing_twice(make_sink) -> None:
     sink = make_sink()
     batch = pa.RecordBatch.from_pydict({"order_id": [1, 2, 3], "amount": [1.0, 2.0, 3.0]})
     sink.write_arrow("seed", pa.Table.from_batches([batch]).slice(0, 0))  # creates the tables
-    url = sink.engine.url.render_as_string(hide_password=False)
-    spec = PartitionWrite(url, sink.sink_id, "t1", "w1", sink.staging_table_name, ("order_id",))
+    spec = open_write(sink, "t1", "w1")
     assert stage_partition(spec, 0, iter([batch])) == 3
     assert stage_partition(spec, 0, iter([batch])) == 3  # the retry: same count, no rows
     assert stage_partition(spec, 1, iter([batch.slice(0, 1)])) == 1
@@ -134,6 +134,80 @@ def test_a_retried_task_attempt_stages_nothing_twice(make_sink) -> None:
         sink.precommit("t1", 1)  # the driver never marked write w1 complete
     sink._complete_write("t1", "w1", 4)
     assert sink.precommit("t1", 1).payload["rows"] == 4
+
+
+def open_write(sink: SqlTableSink, txn_id: str, write_id: str) -> PartitionWrite:
+    """What write_spark does before its job runs: the write's open row, and the tasks' spec."""
+    with sink.engine.begin() as conn:
+        sink._books.open_write(conn, txn_id, write_id)
+    url = sink.engine.url.render_as_string(hide_password=False)
+    return PartitionWrite(
+        url, sink.sink_id, txn_id, write_id, sink.staging_table_name, ("order_id",)
+    )
+
+
+def test_a_partition_staging_after_the_abort_stages_nothing(make_sink) -> None:
+    """A task of a failed Spark job that runs on after the sink aborted the transaction (Spark
+    reports the job failed before it has stopped the job's other tasks) is fenced out."""
+    sink = make_sink()
+    batch = pa.RecordBatch.from_pydict({"order_id": [1, 2, 3]})
+    sink.write_arrow("seed", pa.Table.from_batches([batch]).slice(0, 0))  # creates the tables
+    spec = open_write(sink, "t1", "w1")
+    assert stage_partition(spec, 0, iter([batch])) == 3
+    sink.abort(SinkTransaction(sink_id=sink.sink_id, txn_id="t1", checkpoint_id=None))
+    with pytest.raises(
+        SinkTransactionError, match=r"no open write 'w1' .* partition 1 staged nothing"
+    ):
+        stage_partition(spec, 1, iter([batch]))
+    assert staged_rows(sink) == 0 and write_records(sink) == 0
+    assert sink.staged_txn_ids() == set()
+
+
+def test_abort_waits_for_a_partition_that_is_staging(make_sink) -> None:
+    """An abort racing a partition in the middle of its load: the abort waits for it (PostgreSQL:
+    the partition holds the write's open row) or the partition then finds the write gone
+    (SQLite converts its rows before it takes the write lock); either way nothing stays staged."""
+    sink = make_sink()
+    batch = pa.RecordBatch.from_pydict({"order_id": [1, 2, 3]})
+    sink.write_arrow("seed", pa.Table.from_batches([batch]).slice(0, 0))
+    spec = open_write(sink, "t1", "w1")
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_batches() -> Iterator[pa.RecordBatch]:
+        yield batch
+        loading.set()
+        assert release.wait(60)
+        yield batch
+
+    outcome: list[object] = []
+
+    def partition() -> None:
+        try:
+            outcome.append(stage_partition(spec, 0, slow_batches()))
+        except SinkTransactionError as exc:
+            outcome.append(exc)
+
+    staging = threading.Thread(target=partition)
+    staging.start()
+    assert loading.wait(60)
+    aborting = threading.Thread(
+        target=sink.abort,
+        args=(SinkTransaction(sink_id=sink.sink_id, txn_id="t1", checkpoint_id=None),),
+    )
+    aborting.start()
+    if sink.engine.dialect.name == "postgresql":
+        aborting.join(1.0)
+        assert aborting.is_alive()  # it waits for the partition's transaction
+    release.set()
+    staging.join(60)
+    aborting.join(60)
+    assert not staging.is_alive() and not aborting.is_alive()
+    assert staged_rows(sink) == 0 and write_records(sink) == 0
+    assert sink.staged_txn_ids() == set()
+    if sink.engine.dialect.name == "postgresql":
+        assert outcome == [6]  # it staged, then the abort removed its rows
+    else:
+        assert len(outcome) == 1 and isinstance(outcome[0], SinkTransactionError)
 
 
 def test_a_failed_spark_write_cannot_be_precommitted(spark: SparkSession, make_sink) -> None:
