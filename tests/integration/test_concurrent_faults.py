@@ -155,21 +155,26 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
 
     gate.passed = False  # type: ignore[attr-defined]
 
-    def after_y_started(point: str) -> None:
-        """x and z start their first batch only once y runs: a stage that has not started is
-        not asked to acknowledge, so a late y (thread scheduling under load) would let x's and
-        z's final checkpoints complete without it and the scenario would not happen."""
-        if point != "before-batch" or after_y_started.seen:  # type: ignore[attr-defined]
+    def after_y_and_z_started(point: str) -> None:
+        """x and z start their first batch only once y and z run: a stage that has not started
+        is not asked to acknowledge a checkpoint. A late y (thread scheduling under load) would
+        let x's and z's final checkpoints complete without it; a late z (CI, stop 22) would not
+        be asked to acknowledge x's checkpoint N, so its finish would join N and no N+1 would be
+        pending. Either way the scenario would not happen."""
+        if point != "before-batch" or after_y_and_z_started.seen:  # type: ignore[attr-defined]
             return
         _wait_until(
-            lambda: probe.stages()["y"].lifecycle is not StageLifecycle.NOT_STARTED, "y started"
+            lambda: all(
+                probe.stages()[s].lifecycle is not StageLifecycle.NOT_STARTED for s in ("y", "z")
+            ),
+            "y and z started",
         )
-        after_y_started.seen = True  # type: ignore[attr-defined]
+        after_y_and_z_started.seen = True  # type: ignore[attr-defined]
 
-    after_y_started.seen = False  # type: ignore[attr-defined]
+    after_y_and_z_started.seen = False  # type: ignore[attr-defined]
 
     def z_acknowledges_after_x_finished(point: str) -> None:
-        after_y_started(point)
+        after_y_and_z_started(point)
         if point == "before-record-batch" and not z_acknowledges_after_x_finished.done:  # type: ignore[attr-defined]
             z_acknowledges_after_x_finished.done = True  # type: ignore[attr-defined]
             _wait_until(lambda: probe.stages()["x"].lifecycle.is_finished, "x finished")
@@ -181,7 +186,7 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
     errors: list[BaseException] = []
     _threads(
         [
-            lambda: _run_stage(setup, shape, "x", fault=after_y_started, errors=errors),
+            lambda: _run_stage(setup, shape, "x", fault=after_y_and_z_started, errors=errors),
             lambda: _run_stage(setup, shape, "y", storage=faulty, fault=gate, errors=errors),
             lambda: _run_stage(
                 setup, shape, "z", fault=z_acknowledges_after_x_finished, errors=errors
