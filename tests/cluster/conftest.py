@@ -41,6 +41,10 @@ WORKER_MEMORY = "1g"
 EXECUTOR_MEMORY = "512m"
 DRIVER_MEMORY = "1g"  # a smaller heap fails Spark's minimum system memory check
 PYTHON = sys.executable
+#: The suite's JVM flags (tests/conftest.py sets them as SPARK_SUBMIT_OPTS, which only
+#: spark-submit reads) for the cluster's daemons (SPARK_DAEMON_JAVA_OPTS) and, through the
+#: tests' Spark conf, for its executors and cluster-mode drivers.
+JVM_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", "")
 
 
 def free_port() -> int:
@@ -69,6 +73,7 @@ def spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "SPARK_HOME": SPARK_HOME,
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+            "SPARK_DAEMON_JAVA_OPTS": JVM_OPTS,
             "PYSPARK_PYTHON": PYTHON,
             "PYSPARK_DRIVER_PYTHON": PYTHON,
             # spark-submit must find the venv's scripts first.

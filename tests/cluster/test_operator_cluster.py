@@ -53,6 +53,7 @@ from airflow_finalckpt.store.migrate import ensure_schema
 from .conftest import (
     DRIVER_MEMORY,
     EXECUTOR_MEMORY,
+    JVM_OPTS,
     PYTHON,
     SPARK_HOME,
     StandaloneCluster,
@@ -166,6 +167,8 @@ def _spark_conf(events: Path) -> dict[str, str]:
         "spark.executor.memory": EXECUTOR_MEMORY,
         "spark.driver.memory": DRIVER_MEMORY,
         "spark.executor.cores": "1",
+        "spark.executor.extraJavaOptions": JVM_OPTS,
+        "spark.driver.extraJavaOptions": JVM_OPTS,
         "spark.cores.max": "2",
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.session.timeZone": "UTC",
