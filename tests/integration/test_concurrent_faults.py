@@ -138,7 +138,9 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
 
     z passes a batch boundary after x's finish (it acknowledges N with a pre-finish snapshot),
     so its own finish cannot join N (coalescing, core/transitions_eager.py) and triggers N+1;
-    a z that finished without that boundary would join N and no N+1 would be pending."""
+    a z that finished without that boundary would join N and no N+1 would be pending. The
+    hooks below fix the order the scenario needs: y and z start, y records its first batch and
+    stalls, x finishes (N), z acknowledges N and finishes (N+1), y goes on."""
     shape = SHAPES["wide"]
     _env, setup = _setup(tmp_path, _plan("wide"))
     _run_stage(setup, shape, "src")
@@ -173,6 +175,14 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
 
     after_y_and_z_started.seen = False  # type: ignore[attr-defined]
 
+    def x_finishes_after_y_stalled(point: str) -> None:
+        """x finishes only once y has recorded its first batch and stalls: a y whose first
+        batch came after x's finish could acknowledge N before z did, z's acknowledgement would
+        then complete N with z's (healthy) storage, and the fault would hit N+1 instead."""
+        after_y_and_z_started(point)
+        if point == "before-finish":
+            _wait_until(lambda: gate.passed, "y stalled after its first batch")  # type: ignore[attr-defined]
+
     def z_acknowledges_after_x_finished(point: str) -> None:
         after_y_and_z_started(point)
         if point == "before-record-batch" and not z_acknowledges_after_x_finished.done:  # type: ignore[attr-defined]
@@ -186,7 +196,7 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
     errors: list[BaseException] = []
     _threads(
         [
-            lambda: _run_stage(setup, shape, "x", fault=after_y_and_z_started, errors=errors),
+            lambda: _run_stage(setup, shape, "x", fault=x_finishes_after_y_stalled, errors=errors),
             lambda: _run_stage(setup, shape, "y", storage=faulty, fault=gate, errors=errors),
             lambda: _run_stage(
                 setup, shape, "z", fault=z_acknowledges_after_x_finished, errors=errors
