@@ -4,7 +4,7 @@ Both contenders (``benchmarks.pipelines``) run the same four transforms on the s
 this process, on the same SparkSession, alternating (ABBA) over an even number of repetitions
 (``REPETITIONS``: plain ours ours plain plain ours ours plain), so that a drift over the run
 weighs both sides alike: with 3 the medians compared the 3rd run in time (ours) with the 4th
-(plain), and the x10 samples of 2026-11-27 04:18 fell 22 -> 18 -> 16 -> 15 s in time order
+(plain), and the x10 samples of 2026-11-27 04:18 were 21, 22, 18, 16, 15, 15 s in time order
 (the shared JVM still warming). Our side uses
 ``batch_size="auto"`` everywhere (no hand-picked batch sizes) with the runtime's default target
 batch duration, and checkpoints every ``INTERVAL_S`` seconds; nothing fails.
