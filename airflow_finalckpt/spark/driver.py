@@ -100,9 +100,17 @@ class Heartbeat(threading.Thread):
         self.files = files
         self.sid = sid
         self.interval = interval
-        self.epoch: int | None = None
+        #: the stage runner, once assembled: its epoch is the one the driver holds
+        self.runner: StageRunner | None = None
         self.app_id: str | None = None
         self.stopped = threading.Event()
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch the driver's attempt holds from the moment it took the stage (not from its
+        first progress report); None before: the driver runs but has not started its attempt.
+        """
+        return self.runner.epoch if self.runner is not None else None
 
     def beat(self) -> None:
         """Write ``heartbeat.json`` now: time, host, pid, epoch and Spark application id."""
@@ -196,8 +204,8 @@ def run_job(job_uri: str) -> int:
             code,
             spark_logic(session),
             log=log,
-            on_progress=lambda _p: setattr(heartbeat, "epoch", runner.epoch if runner else None),
         )
+        heartbeat.runner = runner
         log.info(
             "driver %s: stage %s of pipeline %s, %d splits, store %s, storage %s",
             sid,
@@ -208,7 +216,6 @@ def run_job(job_uri: str) -> int:
             storage.root_uri,
         )
         result = runner.run()
-        heartbeat.epoch = runner.epoch
         files.write(
             sid,
             "result.json",

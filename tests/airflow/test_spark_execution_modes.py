@@ -299,14 +299,24 @@ def test_first_try_records_the_submission_in_the_task_state_store(tmp_path: Path
     assert not files.exists(None, "current.json")  # the task state store replaces it
 
 
-def test_a_later_try_reattaches_to_a_running_driver(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("beat_epoch", "logged"),
+    # a heartbeat without an epoch: the driver runs but has not taken the stage yet; the epoch
+    # it takes is the newest (nothing was submitted after it), so it is reattached to as well
+    [(3, "still runs (epoch 3,"), (None, "still runs (has not taken the stage yet,")],
+)
+def test_a_later_try_reattaches_to_a_running_driver(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, beat_epoch: int | None, logged: str
+) -> None:
     from airflow_finalckpt.spark.launch.resumable import SUBMISSION_STATE_KEY, SubmissionStatus
 
     submitted: list[str] = []
     launcher, files = _launcher(tmp_path, submitted)
     store = _StateStore()
     store.set(SUBMISSION_STATE_KEY, _record("s1"))
-    files.write("s1", "heartbeat.json", json.dumps({"at": time.time(), "epoch": 3}).encode())
+    beat = {"at": time.time(), "epoch": beat_epoch}
+    files.write("s1", "heartbeat.json", json.dumps(beat).encode())
+    caplog.set_level("INFO", logger=submit.__name__)
 
     def finish_later() -> None:
         time.sleep(0.5)
@@ -321,6 +331,7 @@ def test_a_later_try_reattaches_to_a_running_driver(tmp_path: Path) -> None:
     assert submitted == []  # nothing was submitted
     assert launcher.resumable.previous == {"submission_id": "s1", "status": "RUNNING"}
     assert SubmissionStatus.RUNNING in SubmissionStatus.ACTIVE
+    assert logged in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -279,16 +279,23 @@ def _parent(pid: int) -> int:
 
 def _running_driver(checkpoints: Path) -> dict[str, Any]:
     """The heartbeat of the submission of ``squares`` that heartbeats now (a killed driver's
-    heartbeat file stays behind, older)."""
-    docs = []
-    for path in glob.glob(f"{checkpoints}/**/drivers/squares/*/heartbeat.json", recursive=True):
-        if not os.path.exists(os.path.join(os.path.dirname(path), "result.json")):
-            doc = dict(json.loads(Path(path).read_text()))
-            doc["submission_id"] = os.path.basename(os.path.dirname(path))
-            docs.append(doc)
-    fresh = [d for d in docs if time.time() - float(d["at"]) < 12]
-    assert len(fresh) == 1, docs
-    return fresh[0]
+    heartbeat file stays behind, older), once it carries its epoch: a driver heartbeats from its
+    start, before it has taken the stage (``"epoch": null``), and a beat follows every 5 s."""
+
+    def with_epoch() -> dict[str, Any] | None:
+        docs = []
+        pattern = f"{checkpoints}/**/drivers/squares/*/heartbeat.json"
+        for path in glob.glob(pattern, recursive=True):
+            if not os.path.exists(os.path.join(os.path.dirname(path), "result.json")):
+                doc = dict(json.loads(Path(path).read_text()))
+                doc["submission_id"] = os.path.basename(os.path.dirname(path))
+                docs.append(doc)
+        fresh = [d for d in docs if time.time() - float(d["at"]) < 12]
+        assert len(fresh) <= 1, docs  # never two live drivers
+        return fresh[0] if fresh and fresh[0]["epoch"] is not None else None
+
+    found: dict[str, Any] = wait_until(with_epoch, 300, "a driver heartbeat with its epoch", 0.1)
+    return found
 
 
 @pytest.fixture

@@ -75,7 +75,9 @@ class SubmissionStatus:
 
     #: spark-submit started, the driver has not heartbeaten yet (JVM start, cluster queue)
     SUBMITTED = "SUBMITTED"
-    #: the driver heartbeats and has no result yet
+    #: the driver heartbeats and has no result yet; with or without an epoch in its heartbeat
+    #: (none: it has not taken the stage yet; the epoch it takes is the newest, nothing else was
+    #: submitted since, so reattaching is as right as for SUBMITTED)
     RUNNING = "RUNNING"
     #: result.json with a finished RunResult
     FINISHED = "FINISHED"
@@ -306,12 +308,13 @@ class ResumableSubmission(ResumableJobMixin):
     def _wait_reattached(self, sid: str) -> None:
         files = self.files
         beat = files.read_json(sid, "heartbeat.json") or {}
+        epoch = beat.get("epoch")
         self.log.info(
-            "stage %s: driver of submission %s still runs (epoch %s, app %s, host %s, pid %s): "
+            "stage %s: driver of submission %s still runs (%s, app %s, host %s, pid %s): "
             "reattaching to it instead of submitting again",
             files.stage_id,
             sid,
-            beat.get("epoch"),
+            "has not taken the stage yet" if epoch is None else f"epoch {epoch}",
             beat.get("app_id"),
             beat.get("host"),
             beat.get("pid"),
