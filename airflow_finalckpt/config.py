@@ -95,6 +95,7 @@ class FinalCkptSettings:
     store_connect_retries: int = 5
     store_connect_backoff_s: float = 1.0
     target_batch_s: float = DEFAULT_TARGET_BATCH_S
+    retention_days: float = 7.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def masked_store_url(self) -> str:
@@ -113,6 +114,7 @@ class FinalCkptSettings:
             "store_connect_retries": repr(self.store_connect_retries),
             "store_connect_backoff_s": repr(self.store_connect_backoff_s),
             "target_batch_s": repr(self.target_batch_s),
+            "retention_days": repr(self.retention_days),
         }
         return "\n".join(
             f"{name} = {value} ({self.sources.get(name, 'unknown source')})"
@@ -279,6 +281,19 @@ def parse_positive_seconds(raw: Any) -> float:
         raise ValueError(f"must be a number of seconds, got {raw!r}") from exc
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"must be a positive, finite number of seconds, got {raw!r}")
+    return value
+
+
+def parse_retention_days(raw: Any) -> float:
+    """How many days a closed pipeline is kept: a finite number >= 0 (0: the next gc)."""
+    if isinstance(raw, bool):
+        raise ValueError("must be a number of days, not a boolean")
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be a number of days, got {raw!r}") from exc
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number of days >= 0, got {raw!r}")
     return value
 
 
@@ -468,6 +483,7 @@ PARSERS: dict[str, Parser] = {
     "store_connect_retries": parse_retry_count,
     "store_connect_backoff_s": parse_positive_seconds,
     "target_batch_s": parse_positive_seconds,
+    "retention_days": parse_retention_days,
 }
 
 

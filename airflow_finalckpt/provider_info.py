@@ -113,6 +113,14 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "30.0",
         "60",
     ),
+    "retention_days": _option(
+        "Days a closed pipeline (every stage closed) is kept after its last change; then "
+        "`finalckpt gc` removes its checkpoints, intermediate outputs, state and store rows "
+        "(savepoints only with --savepoints). 0: at the next gc.",
+        "float",
+        "7",
+        "30",
+    ),
     # the `finalckpt` CLI's way to Airflow's REST API (finalckpt restore); no defaults
     "api_url": _option(
         "Base URL of the Airflow api-server the finalckpt CLI talks to (restore: the DAG's "

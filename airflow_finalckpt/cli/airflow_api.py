@@ -212,3 +212,14 @@ class AirflowApi:
         if not new_run_id:
             raise AirflowApiError(f"Airflow created a run of {dag_id!r} but named none: {doc!r}")
         return str(new_run_id)
+
+    def dag_run_exists(self, dag_id: str, run_id: str) -> bool:
+        """Whether Airflow still has the DAG run (``GET /api/v2/dags/{dag_id}/dagRuns/{run_id}``;
+        404, for the run or its DAG, means deleted). Other refusals raise AirflowApiError.
+        """
+        path = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+        try:
+            self._request("GET", dag_id, path, f"read DAG run {run_id!r} of {dag_id!r}")
+        except UnknownDagError:
+            return False
+        return True

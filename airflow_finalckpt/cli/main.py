@@ -23,8 +23,9 @@ from airflow_finalckpt.cli._shared import (
     store_url_option,
 )
 from airflow_finalckpt.cli.checkpoints import checkpoints
-from airflow_finalckpt.cli.progress import gc, progress
-from airflow_finalckpt.cli.stop import restore, resume, status, stop
+from airflow_finalckpt.cli.progress import progress
+from airflow_finalckpt.cli.retention import gc, pipelines
+from airflow_finalckpt.cli.stop import reset, restore, resume, status, stop
 from airflow_finalckpt.config import mask_url
 
 
@@ -106,7 +107,9 @@ def db_check(store_url: str | None) -> None:
 main.add_command(checkpoints)
 main.add_command(progress)
 main.add_command(gc)
+main.add_command(pipelines)
 main.add_command(stop)
 main.add_command(resume)
 main.add_command(restore)
 main.add_command(status)
+main.add_command(reset)

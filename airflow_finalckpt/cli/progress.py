@@ -1,12 +1,9 @@
-"""``finalckpt progress`` (per-stage progress bars) and ``finalckpt gc`` (garbage collection).
+"""``finalckpt progress``: per-stage progress bars (``finalckpt gc`` is in ``cli/retention``).
 
 ``progress --pipeline KEY`` shows one bar per stage: finished/total splits, lifecycle
 (NOT_STARTED / RUNNING / FINISHED / SUSPENDED / CLOSED) and where the stage stands in the latest
 checkpoint. ``--watch`` refreshes every ``--interval`` seconds until every stage is CLOSED or
 SUSPENDED (or Ctrl-C); ``--json`` prints one JSON document (with ``--watch``: once, when done).
-
-``gc --pipeline KEY`` deletes intermediate outputs and superseded state nothing needs any more
-(see ``airflow_finalckpt.runtime.gc``); ``--dry-run`` only lists them.
 """
 
 from __future__ import annotations
@@ -17,14 +14,13 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from fsspec.core import url_to_fs
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
-from rich.table import Table
 from rich.text import Text
 
 from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
@@ -48,10 +44,6 @@ from airflow_finalckpt.core.model import (
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import read_batch_throughput
 
-if TYPE_CHECKING:
-    from airflow_finalckpt.runtime.gc import GcReport
-
-EXIT_FAILURE = 1
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 
@@ -405,74 +397,3 @@ def _watch(
             last = _fingerprint(doc)
             console.print(render(doc))
     return doc
-
-
-@click.command("gc")
-@pipeline_option
-@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
-@click.option(
-    "--grace",
-    "grace_s",
-    type=click.FloatRange(min=0),
-    default=None,
-    metavar="S",
-    help="Never delete files younger than this many seconds (default: 600).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@store_url_option
-def gc(
-    pipeline: str, dry_run: bool, grace_s: float | None, as_json: bool, store_url: str | None
-) -> None:
-    """Delete intermediate outputs and superseded state no stage or checkpoint needs.
-
-    Output parts are kept while a downstream stage is not CLOSED or a retained checkpoint would
-    re-read them; state while the live pipeline or a retained checkpoint references it. The
-    checkpoint storage comes from the finalckpt settings (AIRFLOW__FINALCKPT__STORAGE_URI).
-    """
-    from airflow_finalckpt.config import load_settings
-    from airflow_finalckpt.runtime.gc import DEFAULT_GRACE_S, collect_garbage
-
-    with _errors(store_url):
-        settings = load_settings({"store_url": store_url} if store_url else None)
-        coordinator = _coordinator(store_url, pipeline)
-        coordinator.graph()  # an unknown pipeline fails here, before storage is touched
-        storage = CheckpointStorage(settings.storage_uri, settings.storage_options)
-        report = collect_garbage(
-            coordinator,
-            storage,
-            dry_run=dry_run,
-            grace_s=DEFAULT_GRACE_S if grace_s is None else grace_s,
-        )
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        _print_gc_report(report, dry_run=dry_run)
-    if report.errors:
-        raise click.exceptions.Exit(EXIT_FAILURE)
-
-
-def _print_gc_report(report: GcReport, *, dry_run: bool) -> None:
-    """The gc report for a terminal: summary, deleted and kept tables, notes, errors."""
-    console = _console()
-    console.print(report.summary())
-    console.print(f"pipeline directory: {report.pipeline_dir}")
-    if report.deleted:
-        table = Table(title="would delete" if dry_run else "deleted")
-        for column in ("path", "files", "bytes"):
-            table.add_column(column)
-        for entry in report.deleted:
-            table.add_row(
-                entry.path + ("/" if entry.is_dir else ""), str(entry.files), str(entry.bytes)
-            )
-        console.print(table)
-    if report.kept:
-        table = Table(title="kept")
-        for column in ("path", "because", "detail"):
-            table.add_column(column)
-        for kept in report.kept:
-            table.add_row(kept.path, kept.reason.value, kept.detail)
-        console.print(table)
-    for note in report.notes:
-        console.print(f"note: {note}")
-    for error in report.errors:
-        click.echo(f"error: {error}", err=True)

@@ -268,3 +268,30 @@ def status(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> No
             f"  {stage.stage_id}: {stage.lifecycle.value} ({stage.status.value}) "
             f"{stage.done_splits}/{total} splits"
         )
+
+
+@click.command("reset")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.option("--stage", "stage_id", required=True, help="The stage to recompute.")
+@json_option
+@store_url_option
+def reset(dag_id: str, run_id: str, stage_id: str, as_json: bool, store_url: str | None) -> None:
+    """Reset a stage and the stages downstream of it, so that they recompute.
+
+    Their progress is forgotten (committed output stays); clear their tasks in Airflow next:
+    they run from scratch, sinks with a declared slice replace it, the others append. Exit 2
+    for an unknown run or stage, or while a stop with savepoint is in progress.
+    """
+    from airflow_finalckpt.control import reset_stage
+
+    with _control(store_url) as control:
+        summary = reset_stage(control, dag_id, run_id, stage_id, requested_by=_user())
+    if as_json:
+        _echo_json(summary.model_dump(mode="json"))
+        return
+    click.echo(
+        f"{dag_id} {run_id}: reset stages {', '.join(summary.reset_stages)} of pipeline "
+        f"{summary.pipeline_key}"
+    )
+    click.echo(f"next: {summary.next_step}")

@@ -4,6 +4,7 @@ The REST API, the UI page and the ``finalckpt`` CLI are thin adapters over ``Pip
 so all three give the same answers and the same errors.
 """
 
+from airflow_finalckpt.control.reset import ResetSummary, reset_stage
 from airflow_finalckpt.control.service import (
     CheckpointSummary,
     PipelineControl,
@@ -23,9 +24,11 @@ __all__ = [
     "PipelineDetail",
     "PipelineRunState",
     "PipelineRunSummary",
+    "ResetSummary",
     "RestoreCheck",
     "StageSummary",
     "StopSummary",
     "check_stages",
     "dag_stage_graph",
+    "reset_stage",
 ]

@@ -56,6 +56,7 @@ from airflow_finalckpt.core.model import (
     TransactionState,
     TriggerReason,
 )
+from airflow_finalckpt.core.rerun import TaskTry
 from airflow_finalckpt.core.restore import RestorePlan
 from airflow_finalckpt.core.views import (
     AckOutcome,
@@ -432,15 +433,29 @@ class Coordinator(CoordinatorReads):
 
         The epoch is bumped (fencing any running attempt); committed output stays committed.
         """
+        return self.reset_stages([stage_id])[stage_id]
+
+    def reset_stages(self, stage_ids: Sequence[str]) -> dict[str, StageView]:
+        """Reset several stages in one transition (a stage and the stages downstream of it);
+        UnknownStageError, with nothing reset, if one is not part of the pipeline.
+        """
         with self._transition() as tx:
-            row = tx.rows.stage_row(stage_id)
+            rows = {sid: tx.rows.stage_row(sid) for sid in stage_ids}
             now = self.clock()
-            for txn in tx.rows.uncommitted(stage_id):
-                tx.rows.set_transaction_state(
-                    stage_id, txn.sink_id, txn.txn_id, TransactionState.ABORTED, now
-                )
-            tx.rows.update_stage(stage_id, stage_rules.reset(row), now)
-            return tx.rows.stage_row(stage_id).view()
+            for stage_id, row in rows.items():
+                for txn in tx.rows.uncommitted(stage_id):
+                    tx.rows.set_transaction_state(
+                        stage_id, txn.sink_id, txn.txn_id, TransactionState.ABORTED, now
+                    )
+                tx.rows.update_stage(stage_id, stage_rules.reset(row), now)
+                tx.rows.forget_published(stage_id)
+            return {sid: tx.rows.stage_row(sid).view() for sid in rows}
+
+    def publish(self, stage_id: str, published_by: TaskTry) -> bool:
+        """Record the try that returns the CLOSED stage to Airflow (``core.rerun``); False if
+        the stage is no longer CLOSED.
+        """
+        return self.store.publish(stage_id, published_by.to_dict())
 
     # ------------------------------------------------------------------ restore
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from airflow_finalckpt.core import transitions_stage as stage_rules
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import SinkTransaction, StageLifecycle, StageSnapshot
+from airflow_finalckpt.core.rerun import TaskTry
 from airflow_finalckpt.core.views import (
     CheckpointInfo,
     PipelineSnapshot,
@@ -29,6 +30,12 @@ class CoordinatorReads:
         attempt killed before Airflow recorded its success) is not: its commit is still news.
         """
         return self.store.closed_before_dag_run(stage_id, dag_id, run_id)
+
+    def published_by(self, stage_id: str) -> TaskTry | None:
+        """The try that returned the CLOSED stage to Airflow, None if none did since it last
+        closed (``core.rerun``).
+        """
+        return TaskTry.from_dict(self.store.published_by(stage_id))
 
     def dag_runs(self) -> list[tuple[str, str]]:
         """The (dag_id, run_id) pairs of the DAG runs this pipeline run spans, oldest first."""

@@ -111,6 +111,12 @@ class InvalidRunConfError(FinalCheckpointError):
     """A DAG run conf value of airflow-finalckpt is malformed (e.g. ``allow_drop_stages``)."""
 
 
+class RecomputeRefusedError(FinalCheckpointError):
+    """A cleared, committed stage cannot recompute without appending to a sink that declares
+    no slice (``core.rerun.recompute_refusal`` names the ways out).
+    """
+
+
 #: Errors that a retry cannot fix: the DAG, the conf or the savepoint must change first.
 #: Everything else (database or storage I/O, a stale attempt, a stop in progress) may be
 #: transient and keeps Airflow's retries.
@@ -123,6 +129,7 @@ PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
     MetadataError,
     ForeignCheckpointError,
     DrainedSavepointError,
+    RecomputeRefusedError,
 )
 
 

@@ -40,6 +40,7 @@ from airflow_finalckpt.operators.publishing import (
     publish_end_of_data,
     upstream_manifests,
 )
+from airflow_finalckpt.operators.rerun import prepare_attempt, record_publication
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
@@ -259,6 +260,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         if (line := started.describe()) is not None:
             self.log.warning("pipeline %s: %s", key, line)
         self._log_resume_point(coordinator)
+        # clear or retry (core.rerun): a stage cleared after it succeeded is reset here
+        prepare_attempt(coordinator, self.stage_id, self.sinks, context, self.log)
         # closed by an earlier DAG run: this attempt only re-publishes, no new Asset event
         self._republish = coordinator.closed_before_dag_run(
             self.stage_id, self.dag_id, context["run_id"]
@@ -447,7 +450,10 @@ class FinalCheckpointStageOperator(BaseOperator):
             context, self.outlets, coordinator, self.stage_id, republish=republish, log=self.log
         ):
             self.outlets = []  # Airflow emits the events of ti.task.outlets at success
-        return publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
+        doc = publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
+        if coordinator is not None:
+            record_publication(coordinator, self.stage_id, context)
+        return doc
 
     def _log_resume_point(self, coordinator: Coordinator) -> None:
         latest = coordinator.latest_completed()

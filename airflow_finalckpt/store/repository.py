@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from airflow_finalckpt.core.errors import IllegalTransitionError, UnknownPipelineError
 from airflow_finalckpt.core.model import SinkTransaction, StageLifecycle
@@ -120,6 +120,33 @@ class CoordinationStore:
         return row.lifecycle == StageLifecycle.CLOSED.value and float(row.updated_at) < float(
             linked
         )
+
+    def publish(self, stage_id: str, published_by: Mapping[str, Any]) -> bool:
+        """Record the try that returned the CLOSED stage to Airflow; False (nothing written)
+        if the stage is not CLOSED (a reset came first).
+        """
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(t.stages)
+                .where(
+                    t.stages.c.pipeline_key == self.pipeline_key,
+                    t.stages.c.stage_id == stage_id,
+                    t.stages.c.lifecycle == StageLifecycle.CLOSED.value,
+                )
+                .values(published_by=dict(published_by))
+            )
+        return bool(done.rowcount)
+
+    def published_by(self, stage_id: str) -> Mapping[str, Any] | None:
+        """The stored publishing try of the stage (None: none recorded)."""
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(t.stages.c.published_by).where(
+                    t.stages.c.pipeline_key == self.pipeline_key,
+                    t.stages.c.stage_id == stage_id,
+                )
+            ).scalar()
+        return value if isinstance(value, Mapping) else None
 
     def dag_runs(self) -> list[tuple[str, str]]:
         """The (dag_id, run_id) pairs of this pipeline, oldest first."""

@@ -73,6 +73,10 @@ stages = Table(
     # final snapshot is written; a completion splices the stage's uncommitted transactions in.
     # NULL: not finished, written by a version without it, or no split count to record.
     Column("final_entry", Text, nullable=True),
+    # The try that returned the stage CLOSED to Airflow (``core.rerun.TaskTry`` as JSON), so a
+    # later try of that task in that DAG run knows it was cleared after it succeeded; NULL:
+    # not published yet, reset since, or closed before revision 0006.
+    Column("published_by", JSON(none_as_null=True), nullable=True),
     Column("updated_at", Float, nullable=False),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )

@@ -224,6 +224,12 @@ class StoreWriter(StoreReader):
         values = r.stage_values(change, now)
         self.conn.execute(_UPDATE_STAGE, {**values, "b_key": self.key, "b_stage": stage_id})
 
+    def forget_published(self, stage_id: str) -> None:
+        """A reset stage was published by nobody (``core.rerun``): its next close is new."""
+        self.conn.execute(
+            _UPDATE_STAGE.values(published_by=None), {"b_key": self.key, "b_stage": stage_id}
+        )
+
     # ------------------------------------------------------------------ checkpoints
 
     def insert_checkpoint(

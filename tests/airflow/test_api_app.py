@@ -156,6 +156,7 @@ POST_ROUTES: list[tuple[str, dict[str, Any]]] = [
     (api("/stop"), {"mode": "savepoint"}),
     (api("/stop"), {"mode": "drain"}),
     (api("/resume"), {}),
+    (api("/reset"), {"stage_id": "enrich"}),
     (f"/finalckpt/api/dags/{DAG}/restore", {"savepoint_path": "/nowhere/chk-1"}),
 ]
 
@@ -639,3 +640,36 @@ def test_live_fragment_reads_do_not_grow_with_the_checkpoint_history(
         store.main.record_batch("ingest", store.main_epoch, finished_splits=[f"d{i + 3}"])
     assert len(store.main.checkpoints()) >= 13
     assert statements_for_one_refresh() == short
+
+
+def test_reset_forgets_the_stage_and_its_downstream_and_names_the_tasks_to_clear(
+    client: TestClient, store: Store, token: Callable[..., str]
+) -> None:
+    headers = bearer(token("OP"))
+    before = store.main.stages()
+
+    resp = client.post(api("/reset"), json={"stage_id": "ingest"}, headers=headers)
+
+    assert resp.status_code == 200, resp.text
+    doc = resp.json()
+    assert doc["reset_stages"] == ["ingest", "enrich", "publish"]
+    assert doc["requested_by"] == "op"
+    assert "clear tasks ingest, enrich, publish" in doc["next_step"]
+    after = store.main.stages()
+    assert after["ingest"].progress.finished_splits == frozenset()
+    assert before["ingest"].progress.finished_splits == frozenset({"d1", "d2"})
+    assert after["ingest"].epoch == before["ingest"].epoch + 1  # a running attempt is fenced
+    unknown = client.post(api("/reset"), json={"stage_id": "nope"}, headers=headers)
+    assert unknown.status_code == 404
+    assert "has no stage 'nope'" in unknown.json()["detail"]
+    assert client.post(api("/reset"), json={}, headers=headers).status_code == 422
+
+
+def test_pipeline_page_has_a_recompute_button_per_stage(
+    client: TestClient, token: Callable[..., str]
+) -> None:
+    page = client.get(f"/finalckpt/ui/dags/{DAG}/runs/{RUN}", headers=bearer(token("VIEWER")))
+
+    assert page.status_code == 200
+    for stage in ("ingest", "enrich", "publish"):
+        assert f'data-action="reset" data-stage="{stage}"' in page.text

@@ -107,6 +107,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "graceSeconds": 900,
         }
     },
+    "gc-retention": {
+        "gc": {"enabled": True, "schedule": "@daily", "savepoints": True, "checkDagRuns": True},
+        "settings": {"retentionDays": 30},
+    },
     "migration-disabled": {"migration": {"enabled": False}},
     "api-login-secret": {
         "airflow": {"api": {"existingSecret": "finalckpt-airflow-api", "passwordKey": "pw"}}
@@ -182,6 +186,7 @@ def test_default_install(render: Render) -> None:
         "AIRFLOW__FINALCKPT__CHECKPOINT_TIMEOUT_S": "600",
         "AIRFLOW__FINALCKPT__RETAIN_CHECKPOINTS": "3",
         "AIRFLOW__FINALCKPT__TARGET_BATCH_S": "30",
+        "AIRFLOW__FINALCKPT__RETENTION_DAYS": "7",
         # the finalckpt CLI (restore) -> the official chart's api-server Service in the cluster
         "AIRFLOW__FINALCKPT__API_URL": "http://airflow-api-server.airflow.svc:8080",
         "SPARK_CONF_DIR": "/opt/finalckpt/spark-conf",
@@ -536,6 +541,17 @@ def test_gc_cronjob(render: Render) -> None:
     assert container["resources"]["limits"]["memory"] == "1Gi"
     dry = render({"gc": {**SCENARIOS["gc"]["gc"], "dryRun": True}}).one("CronJob")
     assert "--grace 900 --dry-run" in pod_spec(dry)["containers"][0]["args"][0]
+
+
+def test_gc_cronjob_without_keys_runs_retention_over_every_pipeline(render: Render) -> None:
+    rendered = render(SCENARIOS["gc-retention"])
+    script = pod_spec(rendered.one("CronJob"))["containers"][0]["args"][0]
+    assert "exec finalckpt gc --grace 600 --savepoints --check-dag-runs" in script
+    assert "--pipeline" not in script
+    assert rendered.config()["AIRFLOW__FINALCKPT__RETENTION_DAYS"] == "30"
+    default = render({"gc": {"enabled": True}}).one("CronJob")
+    assert pod_spec(default)["containers"][0]["args"][0].strip() == "exec finalckpt gc --grace 600"
+    assert render().config()["AIRFLOW__FINALCKPT__RETENTION_DAYS"] == "7"
 
 
 def test_gc_disabled_by_default(render: Render) -> None:

@@ -135,7 +135,11 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str, str]] = {
         "''",
         "additional properties 'chekpointStorage' not allowed",
     ),
-    "gc without pipelines": ({"gc": {"enabled": True}}, "'/gc/pipelines'", "minItems: got 0"),
+    "negative retention": (
+        {"settings": {"retentionDays": -1}},
+        "'/settings/retentionDays'",
+        "minimum: got -1",
+    ),
     "gc pipeline key unsafe": (
         {"gc": {"enabled": True, "pipelines": ["a; rm -rf /"]}},
         "'/gc/pipelines/0'",

@@ -27,6 +27,7 @@ from airflow_finalckpt.core.errors import (
     UnknownDagError,
     UnknownPipelineError,
     UnknownRunError,
+    UnknownStageError,
 )
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ def reset_default_control() -> None:
 def http_error(exc: FinalCheckpointError) -> HTTPException:
     """The HTTP answer to an error of the control service (its message is the detail)."""
     detail = str(exc)
-    if isinstance(exc, UnknownRunError | UnknownPipelineError | UnknownDagError):
+    if isinstance(
+        exc, UnknownRunError | UnknownPipelineError | UnknownDagError | UnknownStageError
+    ):
         code = status.HTTP_404_NOT_FOUND
     elif isinstance(
         exc,

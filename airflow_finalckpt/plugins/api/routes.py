@@ -13,7 +13,9 @@ from airflow_finalckpt.control import (
     PipelineControl,
     PipelineDetail,
     PipelineRunSummary,
+    ResetSummary,
     StopSummary,
+    reset_stage,
 )
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
@@ -78,6 +80,14 @@ class StopBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: StopMode
+
+
+class ResetBody(BaseModel):
+    """Which stage to recompute (it and every stage downstream of it are reset)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage_id: str = Field(min_length=1, examples=["aggregate"])
 
 
 class RestoreBody(BaseModel):
@@ -276,6 +286,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         """
         return control.resume(dag_id, run_id, requested_by=principal.name)
 
+    _add_reset_route(router, get_control)
+
     @router.post(
         "/dags/{dag_id}/restore",
         tags=[TAG_RESTORE],
@@ -323,6 +335,29 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         )
 
     return router
+
+
+def _add_reset_route(router: APIRouter, get_control: Callable[[], PipelineControl]) -> None:
+    """``POST .../reset``: recompute a stage on purpose (the same rights as stop/resume)."""
+    Control = Annotated[PipelineControl, Depends(get_control)]
+
+    @router.post(
+        "/dags/{dag_id}/runs/{run_id}/reset",
+        tags=[TAG_CONTROL],
+        summary="Reset a stage so that it recomputes",
+        response_model=ResetSummary,
+        responses=_errors(404, 409, 422),
+    )
+    def reset_run_stage(
+        dag_id: str, run_id: str, body: ResetBody, principal: CanEdit, control: Control
+    ) -> ResetSummary:
+        """Forget the progress of a stage and of the stages downstream of it, so that the
+        next try of their tasks recomputes them (clear them in Airflow next: the answer names
+        them). Committed output stays; sinks with a declared slice replace it when the
+        recompute commits, the others append. 404 for an unknown run or stage, 409 while a
+        stop with savepoint is in progress. Needs permission to edit the DAG's runs.
+        """
+        return reset_stage(control, dag_id, run_id, body.stage_id, requested_by=principal.name)
 
 
 def trigger_restore_run(

@@ -79,7 +79,10 @@
     savepoint: "Stop with savepoint: running stages stop at their next split batch without " +
       "finishing, a savepoint is written and Spark is released. Resume later with nothing " +
       "lost and nothing duplicated.",
-    resume: "Resume: the suspended run continues from its savepoint in this DAG run."
+    resume: "Resume: the suspended run continues from its savepoint in this DAG run.",
+    reset: "Recompute: forget the progress of stage %s and of every stage downstream of it. " +
+      "Then clear their tasks in Airflow: they run again from scratch. Sinks that declare a " +
+      "slice replace it; the others append the recomputed rows."
   };
 
   function confirmThen(title, text, action) {
@@ -139,6 +142,12 @@
     } else if (action === "resume") {
       confirmThen("Resume?", texts.resume, function () {
         post("/resume", {}, "Resume requested.");
+      });
+    } else if (action === "reset") {
+      var stage = button.getAttribute("data-stage");
+      confirmThen(label + "?", texts.reset.replace("%s", stage), function () {
+        post("/reset", { stage_id: stage }, "Stage " + stage + " reset: clear its task and " +
+          "the tasks downstream of it in Airflow to recompute them.");
       });
     }
   });
