@@ -42,7 +42,7 @@ from airflow_finalckpt.core.model import (
     StopState,
 )
 from airflow_finalckpt.storage import CheckpointStorage
-from airflow_finalckpt.storage.hints import read_batch_throughput
+from airflow_finalckpt.storage.hints import read_batch_plan, read_batch_throughput
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -159,7 +159,8 @@ def batch_document(throughput: Throughput | None) -> dict[str, Any] | None:
 
 def _batch_text(stage: Mapping[str, Any]) -> str:
     doc = stage.get("batches")
-    return str(doc["summary"]) if doc else ""
+    texts = [stage.get("plan"), doc["summary"] if doc else None]
+    return "; ".join(str(t) for t in texts if t)
 
 
 def _storage_or_none() -> CheckpointStorage | None:
@@ -214,6 +215,10 @@ def progress_document(
                 "batches": None
                 if storage is None
                 else batch_document(read_batch_throughput(storage, coordinator.pipeline_key, sid)),
+                # how the plan check batches it (one batch per attempt, split keys, ...)
+                "plan": None
+                if storage is None
+                else read_batch_plan(storage, coordinator.pipeline_key, sid),
             }
         )
     return {

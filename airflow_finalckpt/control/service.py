@@ -43,7 +43,7 @@ from airflow_finalckpt.core.restore import (
 )
 from airflow_finalckpt.core.run_conf import parse_allow_drop_stages
 from airflow_finalckpt.storage import CheckpointStorage
-from airflow_finalckpt.storage.hints import read_batch_throughput
+from airflow_finalckpt.storage.hints import read_batch_plan, read_batch_throughput
 from airflow_finalckpt.store.repository import (
     dag_ids_of,
     pipeline_keys_newest_first,
@@ -390,7 +390,9 @@ class PipelineControl:
         if stage.lifecycle not in (StageLifecycle.RUNNING, StageLifecycle.SUSPENDED):
             return stage
         measured = read_batch_throughput(self.storage, pipeline_key, stage.stage_id)
-        return stage.model_copy(update={"batches": measured.describe() if measured else None})
+        plan = read_batch_plan(self.storage, pipeline_key, stage.stage_id)
+        texts = [plan, measured.describe() if measured else None]
+        return stage.model_copy(update={"batches": "; ".join(t for t in texts if t) or None})
 
     def _stop_summary(
         self, coordinator: Coordinator, stop: StopRequest | None

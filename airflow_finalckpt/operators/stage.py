@@ -129,7 +129,12 @@ class FinalCheckpointStageOperator(BaseOperator):
     :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
         run id, or ``dag_run.conf["pipeline_key"]``).
     :param batch_size: ``"auto"`` (default): batches sized from measured throughput to last
-        about ``target_batch_s``; or a fixed number of splits per batch.
+        about ``target_batch_s``; or a fixed number of splits per batch. A transform that is not
+        split-local (groupBy, window, distinct, orderBy, limit, ...: docs/protocol.md) runs as
+        one batch per attempt in auto mode; a fixed size is refused for it.
+    :param split_keys: the columns by which the splits partition the data (e.g.
+        ``("event_date",)`` when each split is one day): grouped operators whose keys include
+        them stay batchable; a value seen in two batches fails the stage.
     :param target_batch_s: how long an auto batch should take (default: ``[finalckpt]
         target_batch_s``, 30 s): a crash redoes at most one batch, a stop with savepoint answers
         within one.
@@ -154,6 +159,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         sinks: Sequence[TwoPhaseCommitSink] = (),
         pipeline_key: str | None = None,
         batch_size: int | str = "auto",
+        split_keys: Sequence[str] = (),
         target_batch_s: float | None = None,
         checkpoint_interval: timedelta | float | None = None,
         commit_mode: CommitMode | str = CommitMode.PROGRESSIVE,
@@ -179,6 +185,12 @@ class FinalCheckpointStageOperator(BaseOperator):
         except ValueError as exc:
             raise ValueError(f"stage {self.stage_id!r}: {exc}") from None
         self.batch_size = batch_size
+        if isinstance(split_keys, str) or not all(isinstance(k, str) and k for k in split_keys):
+            raise ValueError(
+                f"stage {self.stage_id!r}: split_keys must be a tuple of column names, e.g. "
+                f"('event_date',), got {split_keys!r}"
+            )
+        self.split_keys = tuple(split_keys)
         self.target_batch_s = target_batch_s
         if isinstance(checkpoint_interval, timedelta):
             checkpoint_interval = checkpoint_interval.total_seconds()
@@ -371,6 +383,7 @@ class FinalCheckpointStageOperator(BaseOperator):
                 stage_id=self.stage_id,
                 splits=tuple(splits),
                 batch_size=self.batch_size,
+                split_keys=self.split_keys,
                 checkpoint_interval_s=float(interval),
                 commit_mode=self.commit_mode,
                 target_batch_s=self._target_batch_s(settings),

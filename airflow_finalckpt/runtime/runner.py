@@ -45,6 +45,7 @@ from airflow_finalckpt.runtime.batches import (
     transaction_prefix,
 )
 from airflow_finalckpt.runtime.closer import StageCloser
+from airflow_finalckpt.runtime.plan_gate import PlanGate, next_batch
 from airflow_finalckpt.runtime.values import (
     Batch,
     BatchOutput,
@@ -117,6 +118,8 @@ class StageRunner:
         self.hints = hints
         self.timer = timer
         self.epoch: int | None = None
+        #: The plan check of this attempt's batches (one batch when the plan needs it).
+        self.gate = PlanGate(spec, logic, self.log, hints, self._batch_boundary)
 
     # ------------------------------------------------------------------ running
 
@@ -187,15 +190,10 @@ class StageRunner:
                     tracker.total,
                 )
                 break
-            splits = pending[: sizer.next_size(pending)]
-            pending = pending[len(splits) :]
-            batch = Batch(
-                index=index,
-                key=batch_key(splits),
-                splits=tuple(splits),
-                last=not pending,
-                output_read=output_read,
-            )
+            size = len(pending) if self.gate.whole_input else sizer.next_size(pending)
+            self.fault("before-batch")
+            batch = self.gate.checked(next_batch(index, pending, size, output_read), pending)
+            pending = pending[len(batch.splits) :]
             index += 1
             outputs, state = self._run_batch(batch, outputs, state, sizer, tracker)
             now = self.clock()
@@ -331,7 +329,6 @@ class StageRunner:
         return False
 
     def _process(self, batch: Batch) -> BatchOutput:
-        self.fault("before-batch")
         try:
             out = self.logic.process(batch, self._txn_ids(batch.key))
         except Exception:

@@ -49,6 +49,8 @@ class StageSpec:
     commit_mode: CommitMode = CommitMode.PROGRESSIVE
     target_batch_s: float = DEFAULT_TARGET_BATCH_S
     max_batch_splits: int = DEFAULT_MAX_BATCH_SPLITS
+    #: The columns by which the splits partition the data (``core.plan_check``).
+    split_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 - validates batch_size and target_batch_s

@@ -75,6 +75,7 @@ def spark_logic(session: Callable[[], SparkSession]) -> LogicFactory:
             on_finish=code.on_finish,
             sinks=code.sinks,
             upstream_manifests={k: list(v) for k, v in job.upstream_manifests.items()},
+            split_keys=job.spec.split_keys,
         )
 
     return make

@@ -87,6 +87,8 @@ class DriverJob:
     target_batch_s: float = DEFAULT_TARGET_BATCH_S
     #: Where measured batch throughput is shared (the DAG); None: not kept.
     hints_scope: str | None = None
+    #: The stage's ``split_keys`` (the plan check).
+    split_keys: tuple[str, ...] = ()
     code: dict[str, str | None] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
@@ -111,6 +113,7 @@ class DriverJob:
             stage_id=spec.stage_id,
             splits=tuple(spec.splits),
             batch_size=spec.batch_size,
+            split_keys=tuple(spec.split_keys),
             target_batch_s=float(spec.target_batch_s),
             hints_scope=stage.hints_scope,
             checkpoint_interval_s=float(spec.checkpoint_interval_s),
@@ -130,6 +133,7 @@ class DriverJob:
                 stage_id=self.stage_id,
                 splits=tuple(self.splits),
                 batch_size=self.batch_size,
+                split_keys=tuple(self.split_keys),
                 checkpoint_interval_s=self.checkpoint_interval_s,
                 commit_mode=CommitMode(self.commit_mode),
                 target_batch_s=self.target_batch_s,
@@ -154,6 +158,7 @@ class DriverJob:
                 "the Airflow task run different airflow-finalckpt versions"
             )
         doc["splits"] = tuple(doc["splits"])
+        doc["split_keys"] = tuple(doc.get("split_keys", ()))
         return cls(**doc)
 
 

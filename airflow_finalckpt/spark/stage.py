@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +21,15 @@ from pyspark.sql.types import StructType
 
 from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
+from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+from airflow_finalckpt.spark.plans import InputTags, plan_tree
+from airflow_finalckpt.spark.split_keys import (
+    SPLIT_KEYS_HANDLE,
+    batch_values,
+    record_batch_values,
+)
 from airflow_finalckpt.storage import CheckpointStorage
 
 T = TypeVar("T")
@@ -62,7 +70,9 @@ class BatchContext:
     def read_parts(self, parts: Sequence[str] | None = None) -> DataFrame:
         """Read upstream output parts (default: this batch's splits, when they are parts)."""
         assert self.logic is not None
-        return self.logic.read_parts(list(parts if parts is not None else self.splits))
+        return self.logic.tagged(
+            self.logic.read_parts(list(parts if parts is not None else self.splits)), Input.BATCH
+        )
 
     def upstream(self, stage_id: str) -> DataFrame:
         """The whole output of an upstream stage, from its end_of_data manifest."""
@@ -72,16 +82,18 @@ class BatchContext:
             raise FinalCheckpointError(
                 f"stage {self.stage_id!r} has no upstream stage {stage_id!r} with a manifest"
             )
-        return self.logic.read_parts(manifest)
+        return self.logic.tagged(self.logic.read_parts(manifest), Input.CONSTANT)
 
     def get_state(self, name: str) -> DataFrame | None:
         """The stage's state frame ``name`` as the last recorded batch left it; None if unset."""
         assert self.logic is not None
-        return self.logic.read_state(STATE_PREFIX + name)
+        self.logic.keyed_state_used = True
+        return self.logic.tagged(self.logic.read_state(STATE_PREFIX + name), Input.STATE)
 
     def set_state(self, name: str, frame: DataFrame) -> None:
         """Keep ``frame`` as state ``name``; written with this batch's record."""
         assert self.logic is not None
+        self.logic.keyed_state_used = True
         self.logic.pending_state[STATE_PREFIX + name] = frame
 
     def drop_state(self, name: str) -> None:
@@ -98,12 +110,12 @@ class BatchContext:
         key = GLOBAL_PREFIX + name
         existing = self.logic.read_state(key)
         if existing is not None:
-            return existing
+            return self.logic.tagged(existing, Input.CONSTANT)
         self.logic.pending_state[key] = factory()
         self.logic.persist_state()
         restored = self.logic.read_state(key)
         assert restored is not None
-        return restored
+        return self.logic.tagged(restored, Input.CONSTANT)
 
     def attempt_value(self, name: str, factory: Callable[[], T]) -> T:
         """A value built once per stage attempt and reused by its batches, never checkpointed:
@@ -114,7 +126,7 @@ class BatchContext:
         memo = self.logic.attempt_memo
         if name not in memo:
             memo[name] = factory()
-        return cast(T, memo[name])
+        return self.logic.tagged(cast(T, memo[name]), Input.CONSTANT)
 
     def broadcast_table(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
         """A small table (e.g. a dimension for broadcast joins) reused by the batches of a stage
@@ -130,12 +142,12 @@ class BatchContext:
         if held is None:
             built = factory()
             memo[key] = (False, built)
-            return built
+            return self.logic.tagged(built, Input.CONSTANT)
         local, frame = cast(tuple[bool, DataFrame], held)
         if not local:
             frame = self.spark.createDataFrame(frame.toArrow(), schema=frame.schema)
             memo[key] = (True, frame)
-        return frame
+        return self.logic.tagged(frame, Input.CONSTANT)
 
     def set_watermark(self, watermark: int) -> None:
         """Advance the stage's watermark (event time in ms); it never goes back."""
@@ -170,6 +182,7 @@ class SparkStageLogic:
         on_finish: Transform | None = None,
         sinks: Sequence[TwoPhaseCommitSink] = (),
         upstream_manifests: Mapping[str, list[str]] | None = None,
+        split_keys: Sequence[str] = (),
     ) -> None:
         self._spark = spark
         self.storage = storage
@@ -194,6 +207,15 @@ class SparkStageLogic:
         #: Whether a downstream stage reads this stage's output parts (the runner says so with
         #: each batch); a stage with sinks that nobody reads writes to its sinks only.
         self.output_read = True
+        #: The plan check (``core.plan_check``): the columns the splits partition the data by,
+        #: the frames the context handed out, whether the transform used keyed state, the
+        #: verdict on the current batch and what the check cost (ms per batch).
+        self.split_keys = tuple(split_keys)
+        self.tags = InputTags()
+        self.keyed_state_used = False
+        self.plan_check: PlanCheck | None = None
+        self.check_ms: list[float] = []
+        self._prepared: tuple[Batch, BatchContext, DataFrame | None] | None = None
 
     @property
     def spark(self) -> SparkSession:
@@ -215,9 +237,42 @@ class SparkStageLogic:
         self.handles = {h.name: h for h in state}
         self.watermark = watermark
 
+    def tagged(self, frame: T, kind: Input) -> T:
+        """``frame`` (or the frames in it), remembered as reading ``kind`` for the plan check."""
+        self.tags.tag(frame, kind)
+        return frame
+
+    def check_plan(self, batch: Batch) -> PlanCheck | None:
+        """Call the transform for ``batch`` (it builds a DataFrame; no Spark job runs) and
+        classify the plan of the frame it returns; ``process`` of the same batch reuses the
+        frame. None: the transform returned no frame.
+        """
+        ctx = self._context(batch)
+        frame = self._call(ctx, self.transform, batch.key)
+        self._prepared = (batch, ctx, frame)
+        self.plan_check = None
+        if frame is None:
+            return None
+        started = time.perf_counter()
+        self.plan_check = check_plan(
+            plan_tree(frame, self.tags), self.split_keys, uses_keyed_state=self.keyed_state_used
+        )
+        self.check_ms.append((time.perf_counter() - started) * 1000.0)
+        return self.plan_check
+
     def process(self, batch: Batch, txn_ids: Mapping[str, str]) -> BatchOutput:
         """Run the transform on one batch; its frame goes to the output parts and the sinks."""
-        ctx = BatchContext(
+        self.output_read = batch.output_read
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] == batch:
+            _, ctx, frame = prepared
+        else:
+            ctx = self._context(batch)
+            frame = self._call(ctx, self.transform, batch.key)
+        return self._write(ctx, frame, batch.key, txn_ids)
+
+    def _context(self, batch: Batch) -> BatchContext:
+        return BatchContext(
             self.spark,
             self.stage_id,
             batch.splits,
@@ -225,8 +280,6 @@ class SparkStageLogic:
             last_batch=batch.last,
             logic=self,
         )
-        self.output_read = batch.output_read
-        return self._run(ctx, self.transform, batch.key, txn_ids)
 
     def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
         """End of input (or a drain): run the finish hook, if any; else keep the state as it is."""
@@ -240,9 +293,16 @@ class SparkStageLogic:
     def _run(
         self, ctx: BatchContext, fn: Transform, key: str, txn_ids: Mapping[str, str]
     ) -> BatchOutput:
+        self.plan_check = None  # finish() runs once: nothing to check
+        return self._write(ctx, self._call(ctx, fn, key), key, txn_ids)
+
+    def _call(self, ctx: BatchContext, fn: Transform, key: str) -> DataFrame | None:
+        """Call a transform with fresh pending state and input tags of this batch."""
         self.pending_state = {}
+        self.tags.end_batch()
+        self.keyed_state_used = False
         try:
-            frame = fn(ctx)
+            return fn(ctx)
         except FinalCheckpointError:
             raise
         except Exception as exc:
@@ -250,18 +310,29 @@ class SparkStageLogic:
                 f"stage {self.stage_id!r}: transform failed on batch {key} "
                 f"({len(ctx.splits)} splits): {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _write(
+        self, ctx: BatchContext, frame: DataFrame | None, key: str, txn_ids: Mapping[str, str]
+    ) -> BatchOutput:
+        """The batch's frame to its output part and sinks, its state to files."""
+        keyed = self.plan_check is not None and self.plan_check.verdict is Verdict.SPLIT_KEYED
         parts: tuple[str, ...] = ()
-        if frame is not None and self.sinks and not self.output_read:
+        if frame is not None and self.sinks and not self.output_read and not keyed:
             # No stage reads this output: the sinks' staged data is all there is to keep.
             self._write_sinks(frame, txn_ids)
         elif frame is not None:
             part = f"data/{self.stage_id}/{key}"
             location = spark_path(self._resolve(part))
             frame.write.mode("overwrite").parquet(location)
+            written = self.spark.read.schema(frame.schema).parquet(location)
+            if keyed:
+                values = batch_values(written, self.split_keys, self.stage_id)
+                self.handles[SPLIT_KEYS_HANDLE] = record_batch_values(
+                    self.storage, self.pipeline_key, self.stage_id, self.handles, key, values
+                )
             if self.sinks:
                 # The sinks read the part just written instead of computing the frame again
                 # (or caching it for every batch of a stage without sinks).
-                written = self.spark.read.schema(frame.schema).parquet(location)
                 self._write_sinks(written, txn_ids)
             parts = (part,)
         self.persist_state()

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 #: Per pipeline: the latest batch throughput of each stage, for ``finalckpt progress``.
 BATCHES_DIR = "batches"
+#: ... and beside it, how the plan check batches the stage.
+PLAN_SUFFIX = ".plan.json"
 
 
 class StorageThroughputHints:
@@ -55,6 +57,21 @@ class StorageThroughputHints:
         except FinalCheckpointError as exc:  # advisory: never fails a batch
             log.warning("cannot save the batch throughput hint of stage %s: %s", stage_id, exc)
 
+    def note_plan(self, stage_id: str, text: str | None) -> None:
+        """Keep how the plan check batches the stage (``core.plan_check``; None: split-local,
+        nothing to say) where ``finalckpt progress`` and the UI show it; a failure is only
+        logged.
+        """
+        if self.pipeline_key is None:
+            return
+        try:
+            doc = json.dumps({"plan": text}).encode()
+            self.storage.write_state(
+                self.pipeline_key, f"{BATCHES_DIR}/{stage_id}{PLAN_SUFFIX}", doc, name=stage_id
+            )
+        except FinalCheckpointError as exc:
+            log.warning("cannot note the batch plan of stage %s: %s", stage_id, exc)
+
 
 def read_batch_throughput(
     storage: CheckpointStorage, pipeline_key: str, stage_id: str
@@ -63,6 +80,16 @@ def read_batch_throughput(
     try:
         return _parse(storage.read_file(pipeline_key, f"{BATCHES_DIR}/{stage_id}.json"))
     except (FinalCheckpointError, ValueError):
+        return None
+
+
+def read_batch_plan(storage: CheckpointStorage, pipeline_key: str, stage_id: str) -> str | None:
+    """How the plan check batches a pipeline's stage, in words (None: not noted)."""
+    try:
+        data = storage.read_file(pipeline_key, f"{BATCHES_DIR}/{stage_id}{PLAN_SUFFIX}")
+        plan = None if data is None else json.loads(data)["plan"]
+        return None if plan is None else str(plan)
+    except (FinalCheckpointError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -220,6 +220,9 @@ def build_branching_dag(
         @finalckpt_stage(
             spark_conf=conf,
             batch_size=sizes.get("carrier_daily", "auto"),
+            # each split (an enrich part) holds whole days: the (day, carrier) groups never
+            # span batches, so the groupBy stays batched (checked at run time per batch)
+            split_keys=("day",),
             commit_mode="final",
             outlets=[Asset(carrier_asset)],
             sinks=sinks["carrier_daily"],
