@@ -110,6 +110,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "gc-retention": {
         "gc": {"enabled": True, "schedule": "@daily", "savepoints": True, "checkDagRuns": True},
         "settings": {"retentionDays": 30},
+        "airflow": {"api": {"existingSecret": "finalckpt-airflow-api"}},
     },
     "migration-disabled": {"migration": {"enabled": False}},
     "api-login-secret": {
@@ -548,6 +549,17 @@ def test_gc_cronjob_without_keys_runs_retention_over_every_pipeline(render: Rend
     script = pod_spec(rendered.one("CronJob"))["containers"][0]["args"][0]
     assert "exec finalckpt gc --grace 600 --savepoints --check-dag-runs" in script
     assert "--pipeline" not in script
+    env = container_env(pod_spec(rendered.one("CronJob"))["containers"][0])
+    assert env["AIRFLOW__FINALCKPT__API_USERNAME"] == (
+        "secret",
+        "finalckpt-airflow-api",
+        "username",
+    )
+    assert env["AIRFLOW__FINALCKPT__API_PASSWORD"] == (
+        "secret",
+        "finalckpt-airflow-api",
+        "password",
+    )
     assert rendered.config()["AIRFLOW__FINALCKPT__RETENTION_DAYS"] == "30"
     default = render({"gc": {"enabled": True}}).one("CronJob")
     assert pod_spec(default)["containers"][0]["args"][0].strip() == "exec finalckpt gc --grace 600"

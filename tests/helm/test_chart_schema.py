@@ -279,3 +279,9 @@ def test_lint_is_clean(scenario: str) -> None:
 def test_lint_reports_bad_values() -> None:
     report = helm.lint(CHART_DIR, {"checkpointStorage": {"mode": "nfs"}}, strict=True)
     assert any("'/checkpointStorage/mode'" in error for error in report["errors"]), report
+
+
+def test_gc_checking_dag_runs_needs_the_cli_login(chart: Any) -> None:
+    message = render_error(chart, {"gc": {"enabled": True, "checkDagRuns": True}})
+    assert "gc.checkDagRuns asks Airflow's REST API" in message
+    assert "airflow.api.existingSecret" in message
