@@ -1,0 +1,163 @@
+"""Clear recomputes, retry resumes (core.rerun) on a REAL Airflow (api-server, scheduler,
+dag-processor, triggerer, LocalExecutor, PostgreSQL), on the stop tests' cluster:
+
+- a clear of a succeeded stage after its logic changed recomputes it (the fixed output is
+  there; before this rule the clear re-published the old output);
+- a clear of a succeeded stage whose sink declares no slice fails at once (not retried) with
+  the rule's message; after ``finalckpt reset`` the next clear appends, as asked;
+- a SIGKILL mid-stage is retried by Airflow and the retry resumes (it does not recompute the
+  finished split);
+- retention removes that real pipeline's files and store rows (``finalckpt gc
+  --retention-days 0``), and ``finalckpt pipelines list --json`` parses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.core.model import StageLifecycle
+from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.repository import pipeline_of_dag_run
+
+from .airflow_cluster import AirflowCluster
+from .ui_cluster import _environment as ui_environment
+from .ui_cluster import store_url as ui_store_url
+from .ui_cluster import ui_cluster, wait_for
+
+DAG = "finalckpt_e2e_rerun"
+NUMBERS = {1, 2, 3, 4}
+
+
+@pytest.fixture
+def cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster:
+    c = ui_cluster(airflow_cluster)
+    c.wait_for_dags([DAG])
+    return c
+
+
+def _work() -> Path:
+    return ui_environment()[1] / "rerun"
+
+
+def _coordinator(run_id: str) -> Coordinator:
+    engine = make_engine(ui_store_url())
+    key = pipeline_of_dag_run(engine, DAG, run_id)
+    assert key is not None, f"no pipeline for {run_id}"
+    return Coordinator(engine, key)
+
+
+def _scaled_values(run_id: str) -> list[tuple[int, int]]:
+    """(n, value) rows of ``scaled``'s committed output parts, sorted."""
+    coord = _coordinator(run_id)
+    view = coord.stage("scaled")
+    assert view.lifecycle is StageLifecycle.CLOSED
+    assert view.final_snapshot is not None and view.final_snapshot.end_of_data is not None
+    storage = CheckpointStorage(str(ui_environment()[1] / "checkpoints"))
+    base = Path(storage.pipeline_dir(coord.pipeline_key))
+    frames = [pd.read_parquet(base / part) for part in view.final_snapshot.end_of_data.manifest]
+    rows = pd.concat(frames)
+    return sorted(zip(rows["n"].astype(int), rows["value"].astype(int), strict=True))
+
+
+def _published_rows() -> int:
+    return len(pd.read_parquet(_work() / "published"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    finalckpt = Path(sys.executable).with_name("finalckpt")
+    env = {
+        **os.environ,
+        "AIRFLOW__FINALCKPT__STORE_URL": ui_store_url(),
+        "AIRFLOW__FINALCKPT__STORAGE_URI": str(ui_environment()[1] / "checkpoints"),
+    }
+    return subprocess.run(
+        [str(finalckpt), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def _run(cluster: AirflowCluster) -> str:
+    run_id = cluster.trigger_dag(DAG)
+    assert cluster.wait_for_run(DAG, run_id, timeout=600) == "success"
+    return run_id
+
+
+def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
+    cluster: AirflowCluster,
+) -> None:
+    work = _work()
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "factor").write_text("2")
+    run_id = _run(cluster)
+    assert _scaled_values(run_id) == [(n, 2 * n) for n in sorted(NUMBERS)]
+    first_try = cluster.task_instance(DAG, run_id, "scaled")["try_number"]
+    published = _published_rows()
+    assert published == len(NUMBERS)
+
+    # the logic changes; a clear of the succeeded stage recomputes it (no re-publication)
+    (work / "factor").write_text("3")
+    cluster.clear_task(DAG, run_id, "scaled")
+    cluster.wait_for_task(
+        DAG, run_id, "scaled", ("success",), try_number=first_try + 1, timeout=600
+    )
+    assert _scaled_values(run_id) == [(n, 3 * n) for n in sorted(NUMBERS)]
+    log = cluster.logs(DAG, run_id, "scaled", first_try + 1)
+    assert "was cleared after it succeeded" in log and "recomputing it from scratch" in log
+    assert "no Spark job submitted" not in log
+    assert _published_rows() == published  # its sibling was not cleared
+
+    # a sink without a declared slice: the clear fails at once, naming the ways out
+    pub_try = cluster.task_instance(DAG, run_id, "published")["try_number"]
+    cluster.clear_task(DAG, run_id, "published")
+    failed = cluster.wait_for_task(DAG, run_id, "published", ("failed",), timeout=600)
+    assert failed["try_number"] == pub_try + 1  # permanent: not retried
+    log = cluster.logs(DAG, run_id, "published", pub_try + 1)
+    assert "which declare no slice" in log and f"finalckpt reset {DAG} {run_id}" in log
+    assert _published_rows() == published
+    # accepting an append: reset, then clear again
+    reset = _cli("reset", DAG, run_id, "--stage", "published")
+    assert reset.returncode == 0, reset.stderr
+    assert "reset stages published" in reset.stdout
+    cluster.clear_task(DAG, run_id, "published")
+    cluster.wait_for_task(
+        DAG, run_id, "published", ("success",), try_number=pub_try + 2, timeout=600
+    )
+    assert _published_rows() == 2 * published
+
+    # a SIGKILL mid-stage: Airflow retries, the retry resumes from the finished split
+    (work / "hold").write_text("1")
+    (work / "first-batch-done").unlink(missing_ok=True)
+    (work / "held").unlink(missing_ok=True)
+    killed_run = cluster.trigger_dag(DAG)
+    wait_for(lambda: (work / "held").exists(), "scaled held after its first batch", timeout=600)
+    killed = cluster.kill_task_process(DAG, killed_run, "scaled", tree=True)
+    (work / "hold").unlink()  # only now: the killed try never got past its first batch
+    assert cluster.wait_for_run(DAG, killed_run, timeout=600) == "success"
+    log = cluster.logs(DAG, killed_run, "scaled", killed.try_number + 1)
+    assert "1 of 4 splits already finished, 3 to process" in log
+    assert "recomputing" not in log
+    assert _scaled_values(killed_run) == [(n, 3 * n) for n in sorted(NUMBERS)]
+
+    # retention of a real pipeline: expired now, its files and rows go, the list parses
+    key = _coordinator(killed_run).pipeline_key
+    pipeline_dir = ui_environment()[1] / "checkpoints" / key
+    assert pipeline_dir.is_dir()
+    gc = _cli("gc", "--pipeline", key, "--retention-days", "0", "--json")
+    assert gc.returncode == 0, gc.stderr
+    removed = json.loads(gc.stdout)["retention"]["removed"]
+    assert [r["pipeline_key"] for r in removed] == [key]
+    assert removed[0]["files"] > 0 and removed[0]["store_rows"] > 0
+    assert not pipeline_dir.exists()
+    listed = _cli("pipelines", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    keys = {p["pipeline_key"] for p in json.loads(listed.stdout)["pipelines"]}
+    assert key not in keys and _coordinator(run_id).pipeline_key in keys
