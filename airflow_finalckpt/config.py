@@ -96,6 +96,7 @@ class FinalCkptSettings:
     store_connect_backoff_s: float = 1.0
     target_batch_s: float = DEFAULT_TARGET_BATCH_S
     retention_days: float = 7.0
+    attempt_lease_s: float = 60
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def masked_store_url(self) -> str:
@@ -115,6 +116,7 @@ class FinalCkptSettings:
             "store_connect_backoff_s": repr(self.store_connect_backoff_s),
             "target_batch_s": repr(self.target_batch_s),
             "retention_days": repr(self.retention_days),
+            "attempt_lease_s": repr(self.attempt_lease_s),
         }
         return "\n".join(
             f"{name} = {value} ({self.sources.get(name, 'unknown source')})"
@@ -484,6 +486,7 @@ PARSERS: dict[str, Parser] = {
     "store_connect_backoff_s": parse_positive_seconds,
     "target_batch_s": parse_positive_seconds,
     "retention_days": parse_retention_days,
+    "attempt_lease_s": parse_positive_seconds,
 }
 
 

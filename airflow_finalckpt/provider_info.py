@@ -121,6 +121,13 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "7",
         "30",
     ),
+    "attempt_lease_s": _option(
+        "Seconds a running stage attempt stays alive without renewing its lease (it renews "
+        "every third of it); a SIGKILLed attempt stops blocking checkpoints after it.",
+        "float",
+        "60",
+        "30",
+    ),
     # the `finalckpt` CLI's way to Airflow's REST API (finalckpt restore); no defaults
     "api_url": _option(
         "Base URL of the Airflow api-server the finalckpt CLI talks to (restore: the DAG's "

@@ -32,7 +32,7 @@ from airflow_finalckpt.core.model import (
 from airflow_finalckpt.core.plan import plan_of_lifecycles
 from airflow_finalckpt.core.transitions_boundary import BoundaryAcks
 from airflow_finalckpt.core.transitions_eager import FinishJoin
-from airflow_finalckpt.core.views import AckOutcome, AckTarget, draining, timed_out
+from airflow_finalckpt.core.views import AckOutcome, AckTarget, draining, gone_among, timed_out
 from airflow_finalckpt.store.repository import CoordinationStore
 from airflow_finalckpt.store.writes import StoreWriter
 
@@ -123,6 +123,8 @@ class Checkpointing:
         tx.rows.stamp_stages_transactions(rules.finished_unclosed(plan, lifecycles), checkpoint_id)
         if not plan.to_ack:
             self.complete(tx, checkpoint_id)
+        else:
+            self.answer_for_gone(tx)
         return checkpoint_id
 
     def eager_kind(self, tx: Tx, finishing: str | None = None) -> CheckpointKind | None:
@@ -275,6 +277,32 @@ class Checkpointing:
             tx.after_commit.append(partial(observe.notify, event))
         return tuple(ack.checkpoint_id for ack in decided.acked)
 
+    def answer_for_gone(self, tx: Tx) -> tuple[str, ...]:
+        """Answer every pending checkpoint that waits for a stage whose attempt is gone
+        (``core.plan.attempts_gone``: it failed, or its lease expired) with the stage's durable
+        progress, as its last batch boundary would have: a stage that is not running never
+        holds a checkpoint hostage. Returns those stages.
+        """
+        leases = tx.rows.awaited_leases()
+        gone = gone_among(leases, self.clock()) if leases else ()
+        for stage_id in gone:
+            epoch = leases[stage_id][1]
+            answered = [
+                cid
+                for cid in tx.rows.awaiting(stage_id)
+                if self.ack(tx, cid, stage_id, epoch, by_finish=False)
+                in (AckOutcome.ACCEPTED, AckOutcome.COMPLETED)
+            ]
+            log.info(
+                "pipeline %r: the attempt (epoch %d) of stage %r is gone (failed or its lease "
+                "expired): checkpoints %s recorded it from its last durable batch boundary",
+                self.key,
+                epoch,
+                stage_id,
+                answered,
+            )
+        return gone
+
     # ------------------------------------------------------------------ abort and expire
 
     def abort(self, tx: Tx, checkpoint_id: int, kind: CheckpointFailureReason, detail: str) -> None:
@@ -292,7 +320,10 @@ class Checkpointing:
             )
 
     def expire(self, tx: Tx) -> list[int]:
-        """Abort pending checkpoints older than the checkpoint timeout."""
+        """Answer for stages whose attempt is gone (``answer_for_gone``), then abort pending
+        checkpoints older than the checkpoint timeout.
+        """
+        self.answer_for_gone(tx)
         timeout_s = tx.rows.timeout_s
         expired = timed_out(tx.rows.pending(), self.clock(), timeout_s)
         for cid in expired:

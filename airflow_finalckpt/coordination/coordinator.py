@@ -67,6 +67,7 @@ from airflow_finalckpt.core.views import (
     StageView,
     StartOutcome,
     StopRequest,
+    gone_among,
     needs_final_checkpoint,
     suspends,
     timed_out,
@@ -221,6 +222,24 @@ class Coordinator(CoordinatorReads):
             tx.rows.update_stage(stage_id, change, self.clock())
             return tx.rows.stage_row(stage_id).view()
 
+    def renew_lease(self, stage_id: str, epoch: int, lease_s: float) -> bool:
+        """The running attempt ``epoch`` is alive for ``lease_s`` more seconds (its heartbeat,
+        see ``core.plan.attempt_gone``); False if it is not the stage's running attempt any more.
+        No pipeline lock: one row, in its own short transaction.
+        """
+        return self.store.renew_lease(stage_id, epoch, self.clock() + lease_s)
+
+    def release_attempt(self, stage_id: str, epoch: int) -> tuple[str, ...]:
+        """The attempt ``epoch`` failed (its task's failure path, before the error propagates):
+        its lease ends now and the pending checkpoints that wait for it are answered from its
+        durable progress in the same transition, so a sibling's final checkpoint completes at
+        once. A no-op for a stale or not RUNNING attempt. Returns the stages answered for.
+        """
+        with self._transition() as tx:
+            if not tx.rows.set_lease(stage_id, epoch, 0.0):
+                return ()
+            return self._ops.answer_for_gone(tx)
+
     # ------------------------------------------------------------------ checkpoints
 
     def trigger(
@@ -374,11 +393,14 @@ class Coordinator(CoordinatorReads):
 
     def _final_checkpoint_work(self, rows: StoreReader, stage_id: str, *, expire: bool) -> bool:
         """Does ``ensure_final_checkpoint`` have anything to do: (``expire``) a pending
-        checkpoint to time out, or a FINISHED stage without a checkpoint in flight or completed
-        that can close it (and no stop with savepoint it must wait for)?
+        checkpoint to time out or to answer for a stage whose attempt is gone, or a FINISHED
+        stage without a checkpoint in flight or completed that can close it (and no stop with
+        savepoint it must wait for)?
         """
         if expire and timed_out(rows.pending(), self.clock(), rows.checkpoint_timeout()):
             return True
+        if expire and gone_among(rows.awaited_leases(), self.clock()):
+            return True  # answered for from their durable progress (``Checkpointing.expire``)
         lifecycle, threshold = rows.stage_finish_state(stage_id)
         if lifecycle is not StageLifecycle.FINISHED:
             return False

@@ -89,7 +89,7 @@ class CoordinatorReads:
             return rows.latest_stop()
 
     def waiting_snapshot(self) -> PipelineSnapshot:
-        """Everything waiting stages decide on, in one read transaction of four statements
+        """Everything waiting stages decide on, in one read transaction of five statements
         whatever the number of stages (a consistent snapshot: REPEATABLE READ on PostgreSQL,
         SQLite's read transaction). UnknownPipelineError if the pipeline is not registered.
         """

@@ -143,3 +143,41 @@ def plan_of_lifecycles(
     live = {sid: lifecycles.get(sid, not_started) for sid in graph.stage_ids}
     statuses = {sid: lifecycle_status(lc, sid in with_splits) for sid, lc in live.items()}
     return _plan(graph, live, statuses, {})
+
+
+def attempt_gone(lifecycle: StageLifecycle, lease_until: float | None, now: float) -> bool:
+    """A RUNNING stage's attempt is gone once its lease is past: it failed (its failure path
+    set the lease in the past) or it stopped renewing (a SIGKILLed worker). No lease (None: a
+    new attempt before its first renewal, an older version's attempt) is alive.
+    """
+    return lifecycle is StageLifecycle.RUNNING and lease_until is not None and lease_until <= now
+
+
+def attempts_gone(
+    to_ack: Iterable[str],
+    lifecycles: Mapping[str, StageLifecycle],
+    leases: Mapping[str, float | None],
+    now: float,
+) -> tuple[str, ...]:
+    """The stages of ``to_ack`` that cannot answer a checkpoint themselves: their attempt is
+    gone (``attempt_gone``). Their progress is durable at every batch boundary, so the
+    coordinator answers for them from their last durable snapshot, exactly what they would have
+    answered at that boundary; the others must acknowledge. A later attempt continues from the
+    same snapshot (its new epoch fences the gone one), so nothing is lost or counted twice.
+    """
+    return tuple(
+        sid
+        for sid in to_ack
+        if attempt_gone(lifecycles.get(sid, StageLifecycle.NOT_STARTED), leases.get(sid), now)
+    )
+
+
+def must_acknowledge(
+    to_ack: Iterable[str],
+    lifecycles: Mapping[str, StageLifecycle],
+    leases: Mapping[str, float | None],
+    now: float,
+) -> tuple[str, ...]:
+    """The stages of ``to_ack`` that must acknowledge themselves (the rest: ``attempts_gone``)."""
+    gone = set(attempts_gone(to_ack, lifecycles, leases, now))
+    return tuple(sid for sid in to_ack if sid not in gone)

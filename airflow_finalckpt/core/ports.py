@@ -54,6 +54,14 @@ class CoordinatorPort(Protocol):
         """A new attempt of the stage with its new epoch."""
         ...
 
+    def renew_lease(self, stage_id: str, epoch: int, lease_s: float) -> bool:
+        """The running attempt is alive ``lease_s`` more seconds; False if it is not running."""
+        ...
+
+    def release_attempt(self, stage_id: str, epoch: int) -> tuple[str, ...]:
+        """The attempt failed: checkpoints stop waiting for it (answered from its progress)."""
+        ...
+
     def restored_from(self) -> str | None:
         """The checkpoint or savepoint the pipeline was last restored from, if any."""
         ...

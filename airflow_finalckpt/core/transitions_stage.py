@@ -239,9 +239,14 @@ def restore(row: StageRow, decision: StageRestore, checkpoint_id: int) -> StageC
         split_list_sha256=decision.split_list_sha256,
     )
     if skip:
+        eod = decision.end_of_data
+        total = None
+        if decision.finished_count is not None:  # metadata v2 keeps the count, not the ids
+            total = decision.finished_count + (eod.unread_splits if eod is not None else 0)
         return StageChange(
             lifecycle=StageLifecycle.FINISHED,
             epoch=row.epoch + 1,
+            total_splits=total,
             progress=snapshot,
             finish_threshold=checkpoint_id,
             final_snapshot=snapshot.model_copy(update={"state": ()}),

@@ -25,7 +25,7 @@ from airflow_finalckpt.core.model import (
     StopState,
     TriggerReason,
 )
-from airflow_finalckpt.core.plan import CheckpointPlan
+from airflow_finalckpt.core.plan import CheckpointPlan, attempts_gone
 from airflow_finalckpt.core.restore import GraphChange, RestorePlan
 
 
@@ -74,6 +74,19 @@ class StageView:
     finish_threshold: int | None
     final_snapshot: StageSnapshot | None
     closed_checkpoint_id: int | None
+
+    def finished_count(self) -> int | None:
+        """How many splits the stage finished: its finished split ids, or, for a finished
+        stage restored from metadata v2 (which keeps no ids, only the count), its declared
+        splits less those a drain left unread (None: not known).
+        """
+        if self.progress.finished_splits or not self.lifecycle.is_finished:
+            return len(self.progress.finished_splits)
+        if self.total_splits is None:
+            return None
+        final = self.final_snapshot
+        eod = final.end_of_data if final is not None else None
+        return max(0, self.total_splits - (eod.unread_splits if eod is not None else 0))
 
 
 @dataclass(frozen=True)
@@ -195,6 +208,14 @@ def timed_out(pending: Iterable[tuple[int, float]], now: float, timeout_s: float
     return [cid for cid, triggered_at in pending if triggered_at < deadline]
 
 
+def gone_among(
+    leases: Mapping[str, tuple[StageLifecycle, int, float]], now: float
+) -> tuple[str, ...]:
+    """``core.plan.attempts_gone`` over ``StoreReader.awaited_leases``."""
+    lifecycles = {sid: lease[0] for sid, lease in leases.items()}
+    return attempts_gone(leases, lifecycles, {sid: lease[2] for sid, lease in leases.items()}, now)
+
+
 @dataclass(frozen=True)
 class WaitingStage:
     """One stage as its waiters see it (no progress JSON). ``first_completed_id``: the lowest
@@ -228,6 +249,13 @@ class PipelineSnapshot:
     stop: StopRequest | None
     #: (checkpoint_id, triggered_at) of every pending checkpoint.
     pending: tuple[tuple[int, float], ...]
+    #: Stage id -> (lifecycle, epoch, lease) of the stages with a lease a pending checkpoint
+    #: waits for (``StoreReader.awaited_leases``).
+    awaited_leases: Mapping[str, tuple[StageLifecycle, int, float]] = field(default_factory=dict)
+
+    def gone_awaited(self, now: float) -> tuple[str, ...]:
+        """Awaited stages whose attempt is gone: the coordinator answers for them."""
+        return gone_among(self.awaited_leases, now)
 
     def timed_out(self, now: float) -> list[int]:
         """Pending checkpoints older than the checkpoint timeout (``expire_timed_out`` aborts
@@ -249,7 +277,7 @@ class PipelineSnapshot:
         ``ensure_final_checkpoint`` change anything (a timed-out checkpoint to abort, or a
         finished stage without a candidate checkpoint and no savepoint to wait for)?
         """
-        if self.timed_out(now):
+        if self.timed_out(now) or self.gone_awaited(now):
             return True
         stage = self.stages.get(stage_id)
         if stage is None:
@@ -304,6 +332,8 @@ class StageRow:
     updated_at: float
     progress_data: Mapping[str, Any] | None = field(default=None, repr=False)
     final_data: Mapping[str, Any] | None = field(default=None, repr=False)
+    #: The attempt lease (epoch seconds; None: no lease), see ``core.plan.attempt_gone``.
+    lease_until: float | None = None
 
     @cached_property
     def progress(self) -> StageSnapshot:

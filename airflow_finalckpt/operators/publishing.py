@@ -126,6 +126,23 @@ def announce_commit(
     return False
 
 
+def log_resume_point(log: logging.Logger | Any, coordinator: Any, stage_id: str) -> None:
+    """Where the stage's attempt starts from: the latest completed checkpoint, the stage's
+    lifecycle and how many splits it finished (``StageView.finished_count``).
+    """
+    latest = coordinator.latest_completed()
+    view = coordinator.stage(stage_id)
+    count = view.finished_count()
+    log.info(
+        "pipeline %s: latest completed checkpoint %s; stage %s is %s with %s finished splits",
+        coordinator.pipeline_key,
+        latest.checkpoint_id if latest else None,
+        stage_id,
+        view.lifecycle.value,
+        "an unknown number of" if count is None else count,
+    )
+
+
 def publish_end_of_data(
     ti: Any, stage_id: str, eod: EndOfData, log: logging.Logger | Any
 ) -> dict[str, Any]:

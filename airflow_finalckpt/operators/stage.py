@@ -21,6 +21,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, policy_from
+from airflow_finalckpt.core.drain import check_on_drain
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
@@ -28,6 +29,7 @@ from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.lineage import stage_lineage
+from airflow_finalckpt.operators.drain import drain_behaviour
 from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.operators.links import PipelinePageLink
 from airflow_finalckpt.operators.publishing import (
@@ -36,6 +38,7 @@ from airflow_finalckpt.operators.publishing import (
     announce_commit,
     commit_extra,
     declared_splits,
+    log_resume_point,
     primary_splits,
     publish_end_of_data,
     upstream_manifests,
@@ -139,6 +142,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         target_batch_s``, 30 s): a crash redoes at most one batch, a stop with savepoint answers
         within one.
     :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
+    :param on_drain: a drain makes this source ``"stop"`` taking input or ``"complete"`` it;
+        default: complete if no downstream stage takes it as ``primary_input`` (a dimension).
     :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
         connection's master (``spark_default``), else ``local[*]``.
     """
@@ -170,6 +175,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         poll_interval: float = 0.5,
         spark_execution: str | None = None,
         spark_deploy_mode: str | None = None,
+        on_drain: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -203,6 +209,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.spark_execution = spark_execution
         self.spark_deploy_mode = spark_deploy_mode
+        self.on_drain = check_on_drain(self.stage_id, on_drain)
         self._spark: SparkSession | None = None
 
     @classmethod
@@ -271,7 +278,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         coordinator.link_dag_run(self.dag_id, context["run_id"])
         if (line := started.describe()) is not None:
             self.log.warning("pipeline %s: %s", key, line)
-        self._log_resume_point(coordinator)
+        log_resume_point(self.log, coordinator, self.stage_id)
         # clear or retry (core.rerun): a stage cleared after it succeeded is reset here
         prepare_attempt(coordinator, self.stage_id, self.sinks, context, self.log)
         # closed by an earlier DAG run: this attempt only re-publishes, no new Asset event
@@ -387,6 +394,8 @@ class FinalCheckpointStageOperator(BaseOperator):
                 checkpoint_interval_s=float(interval),
                 commit_mode=self.commit_mode,
                 target_batch_s=self._target_batch_s(settings),
+                attempt_lease_s=float(getattr(settings, "attempt_lease_s", 60)),
+                on_drain=drain_behaviour(self, FinalCheckpointStageOperator),
             ),
             upstream_manifests=dict(manifests),
             hints_scope=hints_scope(self.dag_id),
@@ -467,18 +476,6 @@ class FinalCheckpointStageOperator(BaseOperator):
         if coordinator is not None:
             record_publication(coordinator, self.stage_id, context)
         return doc
-
-    def _log_resume_point(self, coordinator: Coordinator) -> None:
-        latest = coordinator.latest_completed()
-        view = coordinator.stage(self.stage_id)
-        self.log.info(
-            "pipeline %s: latest completed checkpoint %s; stage %s is %s with %d finished splits",
-            coordinator.pipeline_key,
-            latest.checkpoint_id if latest else None,
-            self.stage_id,
-            view.lifecycle.value,
-            len(view.progress.finished_splits),
-        )
 
     def _splits(self, context: Context) -> tuple[list[str], dict[str, list[str]]]:
         upstream = [(up.task_id, up.stage_id) for up in self._upstream_stage_tasks()]

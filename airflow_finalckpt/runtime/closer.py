@@ -10,11 +10,36 @@ from collections.abc import Callable, Sequence
 
 from airflow_finalckpt import metrics
 from airflow_finalckpt.core.errors import FinalCheckpointError, IllegalTransitionError
-from airflow_finalckpt.core.model import EndOfData, StageLifecycle
+from airflow_finalckpt.core.model import EndOfData, SinkTransaction, StageLifecycle
 from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.runtime.batches import transaction_prefix
 from airflow_finalckpt.runtime.gc import collect_after_close
 from airflow_finalckpt.runtime.values import Log
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+
+
+def abort_orphaned_transactions(
+    coordinator: CoordinatorPort,
+    stage_id: str,
+    sinks: Sequence[TwoPhaseCommitSink],
+    log: Log,
+) -> list[str]:
+    """Staged transactions of the stage that the coordinator never recorded (a crashed batch)
+    or aborted (a restore to an earlier checkpoint) are dropped from the sinks; returns their
+    ids. Run when an attempt starts and again once the stage closed: a dead attempt's writer
+    (a Spark job still finishing after its task was killed) may stage again after the start's
+    sweep, and after close no attempt of the stage may stage anything.
+    """
+    known = {t.txn_id: state for t, state in coordinator.transactions(stage_id)}
+    prefix = transaction_prefix(coordinator.pipeline_key, stage_id)
+    aborted: list[str] = []
+    for sink in sinks:
+        for txn_id in sorted(sink.staged_txn_ids()):
+            if txn_id.startswith(prefix) and known.get(txn_id, "ABORTED") == "ABORTED":
+                log.info("aborting orphaned transaction %s of sink %s", txn_id, sink.sink_id)
+                sink.abort(SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0))
+                aborted.append(txn_id)
+    return aborted
 
 
 class StageCloser:
@@ -93,6 +118,9 @@ class StageCloser:
                 checkpoint_id,
                 committed,
                 len(aborted),
+            )
+            abort_orphaned_transactions(
+                self.coordinator, stage_id, tuple(self.sinks.values()), self.log
             )
             # Outputs this stage consumed may be collectable now; never raises (logs a warning).
             collect_after_close(self.coordinator, self.gc_source, self.log)

@@ -44,7 +44,8 @@ from airflow_finalckpt.runtime.batches import (
     transaction_id,
     transaction_prefix,
 )
-from airflow_finalckpt.runtime.closer import StageCloser
+from airflow_finalckpt.runtime.closer import StageCloser, abort_orphaned_transactions
+from airflow_finalckpt.runtime.lease import AttemptLease
 from airflow_finalckpt.runtime.plan_gate import PlanGate, next_batch
 from airflow_finalckpt.runtime.values import (
     Batch,
@@ -150,6 +151,16 @@ class StageRunner:
         skipped = self._skip(view)
         if skipped is not None:
             return skipped
+        lease = AttemptLease(
+            self.coordinator, stage_id, view.epoch, self.spec.attempt_lease_s, self.log
+        )
+        with lease:
+            return self._run_attempt(view)
+
+    def _run_attempt(self, view: StageView) -> RunResult:
+        """The attempt's batches and finish (or its suspension), holding its lease."""
+        assert self.epoch is not None
+        stage_id = self.spec.stage_id
         graph = self.coordinator.graph()
         upstream = graph.upstream(stage_id)
         output_read = bool(graph.downstream(stage_id))
@@ -173,13 +184,24 @@ class StageRunner:
         tracker = Progress(total=len(self.spec.splits), done=len(progress.finished_splits))
         last_trigger = self.clock()
         drain = False
+        completing = False  # a drain found this source reading its input whole
         unread = 0
         index = 0
         while pending:
             stop = self._batch_boundary()
             if suspends(stop):
                 return self._suspend(tracker)
-            if source and draining(stop):
+            if source and draining(stop) and self.spec.on_drain == "complete":
+                if not completing:
+                    completing = True
+                    self.log.info(
+                        "stop with drain: source stage %s reads its input whole (on_drain="
+                        "'complete': downstream stages read it whole), %d of %d splits left",
+                        stage_id,
+                        len(pending),
+                        tracker.total,
+                    )
+            elif source and draining(stop):
                 drain = True
                 unread = len(pending)
                 self.log.info(
@@ -207,7 +229,8 @@ class StageRunner:
             # All splits done but not finished: a savepoint stop keeps the stage unfinished
             # (no end of input, no window fires); it finishes right after the resume.
             return self._suspend(tracker)
-        drain = drain or draining(stop) or self._upstream_drained(upstream)
+        cut = draining(stop) and not (source and self.spec.on_drain == "complete")
+        drain = drain or cut or self._upstream_drained(upstream)
         return self._finish(tracker, outputs, state, drain=drain, unread=unread)
 
     def _skip(self, view: StageView) -> RunResult | None:
@@ -516,20 +539,10 @@ class StageRunner:
         return eod
 
     def _abort_orphaned_transactions(self) -> None:
-        """Staged transactions the coordinator never recorded (a crashed batch) or aborted (a
-        restore to an earlier checkpoint) are dropped from the sinks.
-        """
-        known = {t.txn_id: state for t, state in self.coordinator.transactions(self.spec.stage_id)}
-        prefix = transaction_prefix(self.spec.pipeline_key, self.spec.stage_id)
-        for sink in self.sinks.values():
-            for txn_id in sorted(sink.staged_txn_ids()):
-                if txn_id.startswith(prefix) and known.get(txn_id, "ABORTED") == "ABORTED":
-                    self.log.info(
-                        "aborting orphaned transaction %s of sink %s", txn_id, sink.sink_id
-                    )
-                    sink.abort(
-                        SinkTransaction(sink_id=sink.sink_id, txn_id=txn_id, checkpoint_id=0)
-                    )
+        """Drop what crashed batches staged (see ``closer.abort_orphaned_transactions``)."""
+        abort_orphaned_transactions(
+            self.coordinator, self.spec.stage_id, tuple(self.sinks.values()), self.log
+        )
 
 
 def _describe_throughput(throughput: Throughput | None, template: str) -> str:

@@ -17,6 +17,7 @@ from airflow_finalckpt.core.batching import (
     Throughput,
     policy_from,
 )
+from airflow_finalckpt.core.drain import check_on_drain
 from airflow_finalckpt.core.model import EndOfData, StateHandle
 
 
@@ -51,9 +52,16 @@ class StageSpec:
     max_batch_splits: int = DEFAULT_MAX_BATCH_SPLITS
     #: The columns by which the splits partition the data (``core.plan_check``).
     split_keys: tuple[str, ...] = ()
+    #: seconds a running attempt stays alive without renewing its lease (``runtime.lease``)
+    attempt_lease_s: float = 60.0
+    #: what a stop with drain does to a source stage: ``"stop"`` (stop taking input: a fact
+    #: source) or ``"complete"`` (read all input: a dimension read whole downstream)
+    on_drain: str = "stop"
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 - validates batch_size and target_batch_s
+        if check_on_drain(self.stage_id, self.on_drain) is None:
+            raise ValueError(f"stage {self.stage_id!r}: on_drain must be 'stop' or 'complete'")
 
     @property
     def policy(self) -> BatchPolicy:

@@ -92,6 +92,8 @@ class DriverJob:
     code: dict[str, str | None] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    attempt_lease_s: float = 60.0
+    on_drain: str = "stop"
     format: int = JOB_FORMAT
 
     @classmethod
@@ -123,6 +125,8 @@ class DriverJob:
             store_url_masked=store_url_masked,
             code=dict(code),
             spark_conf=dict(spark_conf),
+            attempt_lease_s=float(spec.attempt_lease_s),
+            on_drain=spec.on_drain,
         )
 
     def stage_job(self) -> StageJob:
@@ -137,6 +141,8 @@ class DriverJob:
                 checkpoint_interval_s=self.checkpoint_interval_s,
                 commit_mode=CommitMode(self.commit_mode),
                 target_batch_s=self.target_batch_s,
+                attempt_lease_s=self.attempt_lease_s,
+                on_drain=self.on_drain,
             ),
             upstream_manifests=self.upstream_manifests,
             hints_scope=self.hints_scope,

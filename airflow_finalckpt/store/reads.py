@@ -333,7 +333,7 @@ class StoreReader(CheckpointReader):
     # ------------------------------------------------------------------ read models
 
     def waiting_snapshot(self) -> PipelineSnapshot:
-        """Everything waiting stages decide on, in four statements whatever the number of
+        """Everything waiting stages decide on, in five statements whatever the number of
         stages; UnknownPipelineError if the pipeline is not registered.
         """
         s, c = t.stages, t.checkpoints
@@ -385,4 +385,5 @@ class StoreReader(CheckpointReader):
             },
             stop=stop,
             pending=tuple(pending),
+            awaited_leases=self.awaited_leases(),
         )

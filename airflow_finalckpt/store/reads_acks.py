@@ -11,7 +11,12 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, bindparam, func, select
 
 from airflow_finalckpt.core.errors import UnknownCheckpointError
-from airflow_finalckpt.core.model import CheckpointKind, CheckpointState, TriggerReason
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointState,
+    StageLifecycle,
+    TriggerReason,
+)
 from airflow_finalckpt.core.transitions_eager import PendingCheckpoint
 from airflow_finalckpt.core.views import AckRow, AckTarget, parse_snapshot
 from airflow_finalckpt.store import schema as t
@@ -242,3 +247,24 @@ class AckReader:
             (int(cid), AckRow(str(sid), bool(by_finish), parse_snapshot(snapshot)))
             for cid, sid, by_finish, snapshot in self.conn.execute(query).all()
         ]
+
+    def awaited_leases(self) -> dict[str, tuple[StageLifecycle, int, float]]:
+        """Stage id -> (lifecycle, epoch, lease) of every stage holding a lease that a pending
+        checkpoint waits for: what ``core.plan.attempts_gone`` decides on (one statement; a
+        stage without a lease or not awaited is never answered for).
+        """
+        s, due = t.stages.c, t.acks_due.c
+        awaited = (
+            select(due.stage_id)
+            .where(due.pipeline_key == s.pipeline_key, due.stage_id == s.stage_id)
+            .exists()
+        )
+        rows = self.conn.execute(
+            select(s.stage_id, s.lifecycle, s.epoch, s.lease_until).where(
+                s.pipeline_key == self.key, s.lease_until.is_not(None), awaited
+            )
+        ).all()
+        return {
+            str(sid): (StageLifecycle(lifecycle), int(epoch), float(lease))
+            for sid, lifecycle, epoch, lease in rows
+        }

@@ -18,7 +18,7 @@ from airflow_finalckpt.store import boundary as b
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
 from airflow_finalckpt.store.reads import StoreReader
-from airflow_finalckpt.store.writes import LOCK_PIPELINE, StoreWriter, lock_pipeline
+from airflow_finalckpt.store.writes import LOCK_PIPELINE, StoreWriter, lock_pipeline, write_lease
 
 
 class CoordinationStore:
@@ -147,6 +147,15 @@ class CoordinationStore:
                 )
             ).scalar()
         return value if isinstance(value, Mapping) else None
+
+    def renew_lease(self, stage_id: str, epoch: int, until: float) -> bool:
+        """Renew a running attempt's lease in its own short transaction, without the pipeline
+        lock (``writes.write_lease``); False if the attempt is not the running one any more.
+        """
+        if self.engine.url.database in (None, "", ":memory:"):
+            return True  # one process, one shared connection: no lease (and no other thread)
+        with self.engine.begin() as conn:
+            return write_lease(conn, self.pipeline_key, stage_id, epoch, until)
 
     def dag_runs(self) -> list[tuple[str, str]]:
         """The (dag_id, run_id) pairs of this pipeline, oldest first."""

@@ -70,6 +70,7 @@ def stage_row(row: Mapping[Any, Any]) -> StageRow:
         updated_at=float(row["updated_at"]),
         progress_data=row["progress"],
         final_data=row["final_snapshot"],
+        lease_until=row.get("lease_until"),
     )
 
 
@@ -109,6 +110,7 @@ def stage_values(change: StageChange, now: float) -> dict[str, Any]:
         values["lifecycle"] = change.lifecycle.value
     if change.epoch is not None:
         values["epoch"] = change.epoch
+        values["lease_until"] = None  # a new attempt holds no lease until it renews one
     if change.total_splits is not None:
         values["total_splits"] = change.total_splits
     if change.progress is not None:

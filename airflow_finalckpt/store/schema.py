@@ -78,6 +78,12 @@ stages = Table(
     # not published yet, reset since, or closed before revision 0006.
     Column("published_by", JSON(none_as_null=True), nullable=True),
     Column("updated_at", Float, nullable=False),
+    # The attempt lease of a RUNNING stage (epoch seconds): its attempt renews it while it runs
+    # and sets it in the past when it fails; once it is past, the attempt is gone and the
+    # coordinator answers checkpoints for it from its durable progress (core.plan.
+    # attempts_gone). NULL: no lease (a new attempt before its first renewal, an older
+    # version's attempt): alive. Any epoch change clears it.
+    Column("lease_until", Float, nullable=True),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
 

@@ -40,6 +40,12 @@ from airflow_finalckpt.store.reads import StoreReader
 _UPDATE_STAGE = update(t.stages).where(
     t.stages.c.pipeline_key == bindparam("b_key"), t.stages.c.stage_id == bindparam("b_stage")
 )
+_UPDATE_LEASE = update(t.stages).where(
+    t.stages.c.pipeline_key == bindparam("b_key"),
+    t.stages.c.stage_id == bindparam("b_stage"),
+    t.stages.c.epoch == bindparam("b_epoch"),
+    t.stages.c.lifecycle == StageLifecycle.RUNNING.value,
+)
 _UPDATE_CHECKPOINT = update(t.checkpoints).where(
     t.checkpoints.c.pipeline_key == bindparam("b_key"),
     t.checkpoints.c.checkpoint_id == bindparam("b_cid"),
@@ -89,6 +95,17 @@ class _Unread(Enum):
 
 
 _UNREAD = _Unread.UNREAD
+
+
+def write_lease(conn: Connection, key: str, stage_id: str, epoch: int, until: float) -> bool:
+    """Set the attempt lease of a RUNNING stage's attempt ``epoch`` (renewed, or set in the past
+    when the attempt fails); False if that attempt is not the stage's running one any more. A
+    single-row update that needs no pipeline lock: whoever decides on the lease holds the lock
+    and reads it then, and an answer given for an attempt that renews afterwards is still the
+    snapshot of its last batch boundary.
+    """
+    params = {"b_key": key, "b_stage": stage_id, "b_epoch": epoch, "lease_until": until}
+    return bool(conn.execute(_UPDATE_LEASE, params).rowcount)
 
 
 class StoreWriter(StoreReader):
@@ -229,6 +246,10 @@ class StoreWriter(StoreReader):
         self.conn.execute(
             _UPDATE_STAGE.values(published_by=None), {"b_key": self.key, "b_stage": stage_id}
         )
+
+    def set_lease(self, stage_id: str, epoch: int, until: float) -> bool:
+        """See ``write_lease``."""
+        return write_lease(self.conn, self.key, stage_id, epoch, until)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -123,10 +123,11 @@ def test_a_restore_detects_the_changed_list(tmp_path: Path) -> None:
     coord = coordinator(f"sqlite:///{tmp_path}/first.db", storage)
     with pytest.raises(Crash):
         run(coord, FIRST, Logic(crash_in_batch=1), Recorder())
-    cid = coord.trigger(TriggerReason.MANUAL)  # the next attempt's first batch answers it
-    assert cid is not None
     with pytest.raises(Crash):
         run(coord, FIRST, Logic(crash_in_batch=1), Recorder())
+    # the failed attempt is gone: the checkpoint records it from its durable progress at once
+    cid = coord.trigger(TriggerReason.MANUAL)
+    assert cid is not None
     path = coord.checkpoint(cid).metadata_path
     assert path is not None
     record = storage.read_checkpoint(path)
