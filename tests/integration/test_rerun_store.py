@@ -163,3 +163,49 @@ def test_reset_is_refused_while_a_savepoint_is_in_progress(env: Env) -> None:
 
     assert code == 2 and "is stopping with a savepoint" in err
     assert env.coord.stages() == before
+
+
+class _Ti:
+    def __init__(self, task_id: str, try_number: int) -> None:
+        self.dag_id, self.task_id, self.try_number = DAG, task_id, try_number
+
+
+class _Sink:
+    def __init__(self, sink_id: str, replace_slice: dict[str, str] | None) -> None:
+        self.sink_id, self.replace_slice = sink_id, replace_slice
+
+
+def _context(task_id: str, try_number: int) -> dict[str, object]:
+    return {"ti": _Ti(task_id, try_number), "run_id": RUN}
+
+
+def test_the_operator_side_recomputes_with_slices_and_refuses_without(env: Env) -> None:
+    import logging
+
+    from airflow_finalckpt.core.errors import RecomputeRefusedError, is_permanent
+    from airflow_finalckpt.operators.rerun import prepare_attempt, record_publication
+
+    log = logging.getLogger("test")
+    coord = env.coord
+    close_stage(coord, "read_day")
+    record_publication(coord, "read_day", _context("read_day", 1))
+    closed = coord.stage("read_day")
+
+    # without a declared slice: refused, permanent, nothing changed
+    with pytest.raises(RecomputeRefusedError) as refused:
+        prepare_attempt(coord, "read_day", [_Sink("out", None)], _context("read_day", 2), log)
+    assert is_permanent(refused.value) and "['out']" in str(refused.value)
+    assert coord.stage("read_day") == closed
+    # a retry of the very try that published (a re-entry): re-published, untouched
+    same = prepare_attempt(coord, "read_day", [_Sink("out", None)], _context("read_day", 1), log)
+    assert same is AttemptKind.REPUBLISH and coord.stage("read_day") == closed
+
+    # with a declared slice: reset, it recomputes from scratch
+    sliced = [_Sink("out", {"event_date": "2013-01-01"})]
+    kind = prepare_attempt(coord, "read_day", sliced, _context("read_day", 2), log)
+    assert kind is AttemptKind.RECOMPUTE
+    view = coord.stage("read_day")
+    assert view.lifecycle is StageLifecycle.NOT_STARTED and view.epoch == closed.epoch + 1
+    assert coord.published_by("read_day") is None
+    # no task instance in the context (a hand-built one): run as before
+    assert prepare_attempt(coord, "aggregate", [], {}, log) is AttemptKind.RUN
