@@ -69,7 +69,25 @@ LIBPQ_QUERY_PARAMS = frozenset(
     }
 )
 
-_SECRET_OPTION_MARKERS = ("secret", "password", "passwd", "token", "key", "credential")
+_SECRET_OPTION_MARKERS = (
+    "secret",
+    "password",
+    "passwd",
+    "token",
+    "key",
+    "credential",
+    "connection_string",
+    "sas",
+    "sig",
+)
+#: URL query parameters that carry a credential: libpq's ``password``, Azure's SAS ``sig``...
+_SECRET_QUERY_MARKERS = (*_SECRET_OPTION_MARKERS, "pwd")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an option or query parameter of that name holds a credential."""
+    lowered = name.lower()
+    return any(marker in lowered for marker in _SECRET_QUERY_MARKERS)
 
 
 def env_var_name(name: str) -> str:
@@ -132,18 +150,44 @@ class FinalCkptSettings:
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``; works for SQLAlchemy and fsspec URLs."""
+    """``url`` with its password and its credential query parameters (``?password=``, an
+    Azure SAS ``sig=``...) replaced by ``***``; works for SQLAlchemy and fsspec URLs.
+    """
     if "://" not in url:
-        return url
+        return _mask_connection_string(url)
     try:
         from sqlalchemy.engine import make_url
 
         parsed = make_url(url)
     except Exception:
-        return _mask_generic_url(url)
-    if parsed.password is None:
+        return _mask_query(_mask_generic_url(url))
+    if parsed.password is not None:
+        url = parsed.render_as_string(hide_password=True)
+    return _mask_query(url)
+
+
+def _mask_query(url: str) -> str:
+    """The URL with the values of credential query parameters masked."""
+    head, sep, query = url.partition("?")
+    if not sep:
         return url
-    return parsed.render_as_string(hide_password=True)
+    query, hash_sep, fragment = query.partition("#")
+    pairs = []
+    for pair in query.split("&"):
+        name, eq, _value = pair.partition("=")
+        pairs.append(f"{name}={MASK}" if eq and is_secret_name(name) else pair)
+    return f"{head}?{'&'.join(pairs)}{hash_sep}{fragment}"
+
+
+def _mask_connection_string(text: str) -> str:
+    """An Azure-style ``Name=value;Name=value`` connection string with its keys masked."""
+    if ";" not in text or "=" not in text:
+        return text
+    parts = []
+    for part in text.split(";"):
+        name, eq, _value = part.partition("=")
+        parts.append(f"{name}={MASK}" if eq and is_secret_name(name) else part)
+    return ";".join(parts)
 
 
 def _mask_generic_url(url: str) -> str:
@@ -166,6 +210,8 @@ def mask_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
             masked[key] = mask_storage_options(value)
         elif any(marker in str(key).lower() for marker in _SECRET_OPTION_MARKERS):
             masked[key] = MASK
+        elif isinstance(value, str):
+            masked[key] = mask_url(value)  # an endpoint URL with a SAS token, a password...
         else:
             masked[key] = value
     return masked

@@ -61,6 +61,7 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "string",
         "sqlite:///{AIRFLOW_HOME}/finalckpt/coordination.db",
         "postgresql+psycopg://finalckpt@postgres:5432/finalckpt",
+        sensitive=True,
     ),
     "storage_uri": _option(
         "Root of the checkpoint storage: an fsspec URI or an absolute local path every worker "
@@ -74,6 +75,7 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "string",
         "{{}}",
         '{"anon": false}',
+        sensitive=True,
     ),
     "checkpoint_interval_s": _option(
         "Seconds between periodic checkpoints of a running pipeline.",
@@ -153,6 +155,16 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
     "api_password": _option(
         "Password of api_username (use AIRFLOW__FINALCKPT__API_PASSWORD_CMD / _SECRET or a "
         "secrets backend rather than airflow.cfg).",
+        "string",
+        None,
+        None,
+        sensitive=True,
+    ),
+    "code_signing_key": _option(
+        "Key that seals (encrypts and signs) the stage code a submitted Spark driver "
+        "unpickles (code.pkl); the driver refuses a file sealed with another key. Unset: a key "
+        "derived from store_url. Set it (AIRFLOW__FINALCKPT__CODE_SIGNING_KEY_SECRET or a "
+        "secrets backend) wherever the checkpoint storage is shared.",
         "string",
         None,
         None,

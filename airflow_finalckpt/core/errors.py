@@ -107,6 +107,12 @@ class StageDefinitionError(FinalCheckpointError):
     """A stage is defined wrongly in the DAG (no transform, no splits, unknown primary input)."""
 
 
+class InvalidStageArgumentError(StageDefinitionError, ValueError):
+    """A stage operator argument is invalid (caught when the DAG file is parsed); a ValueError
+    too, as Python's convention for a bad argument value.
+    """
+
+
 class InvalidRunConfError(FinalCheckpointError):
     """A DAG run conf value of airflow-finalckpt is malformed (e.g. ``allow_drop_stages``)."""
 

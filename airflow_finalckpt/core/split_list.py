@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from airflow_finalckpt.core.errors import StageDefinitionError
 from airflow_finalckpt.core.metadata.envelope import json_sha256
 
 
@@ -57,4 +58,33 @@ def split_list_change(
     return SplitListChange(
         undeclared_finished=sum(1 for s in finished if s not in wanted),
         pending=sum(1 for s in wanted if s not in finished),
+    )
+
+
+#: The rule a started stage's changed split list breaks, and the argument that allows it.
+LOST_SPLITS_RULE = "finished splits stay declared"
+ALLOW_ARGUMENT = "allow_split_list_change"
+
+
+class LostFinishedSplitsError(StageDefinitionError):
+    """A started stage no longer declares splits it finished: resuming could process their
+    data twice, the same on every try (permanent), until the list or the operator changes.
+    """
+
+
+def check_finished_splits_declared(
+    stage_id: str, declared: Sequence[str], finished: Collection[str], since: str, allowed: bool
+) -> None:
+    """Refuse a resume whose split list lost finished splits unless the operator allows it."""
+    wanted = set(declared)
+    lost = sorted(s for s in finished if s not in wanted)
+    if not lost or allowed:
+        return
+    shown = lost[:5] + (["..."] if len(lost) > 5 else [])
+    raise LostFinishedSplitsError(
+        f"stage {stage_id!r} violates rule {LOST_SPLITS_RULE!r}: {len(lost)} finished split(s) "
+        f"{shown} are not among its current splits (the split list changed since {since}), "
+        "so resuming could process their data twice; declare them again, or pass "
+        f"{ALLOW_ARGUMENT}=True to the stage's operator if those inputs were removed on purpose "
+        "(their committed output stays)"
     )

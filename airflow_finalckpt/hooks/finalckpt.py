@@ -38,6 +38,7 @@ from airflow_finalckpt.config import (
 )
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.hooks.masking import mask_task_secrets
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.connect import RetryCallback, open_store
 
@@ -136,6 +137,7 @@ class FinalCkptHook(BaseHook):
         """The resolved settings (see the module docstring), cached on the hook."""
         if self._settings is None:
             self._settings = self._resolve_settings()
+            mask_task_secrets(self._settings)  # whatever source the store URL came from
             self.log.info(
                 "finalckpt coordination store %s (%s)",
                 self._settings.masked_store_url(),

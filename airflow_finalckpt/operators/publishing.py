@@ -11,6 +11,7 @@ from typing import Any
 
 from airflow.sdk import Asset
 
+from airflow_finalckpt.core.arguments import check_splits
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.ports import CoordinatorPort
@@ -68,8 +69,10 @@ def declared_splits(
     """The stage's splits in declared order: its own (a list or a callable), else its primary
     input's output parts.
     """
+    if callable(splits):  # a list was checked when the DAG was parsed; a callable's result now
+        return list(check_splits(stage_id, splits()))
     if splits is not None:
-        return list(splits() if callable(splits) else splits)
+        return list(splits)
     return primary_splits(stage_id, primary_input, manifests)
 
 

@@ -11,25 +11,43 @@ downstream tasks (and Asset consumers) never see uncommitted data.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_finalckpt.coordination import Coordinator, CoordinatorOptions
+from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.core.arguments import (
+    check_bool,
+    check_callable,
+    check_choice,
+    check_optional_seconds,
+    check_optional_text,
+    check_seconds,
+    check_splits,
+    check_stage_id,
+    check_string_mapping,
+    check_text,
+)
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, policy_from
 from airflow_finalckpt.core.drain import check_on_drain
-from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
+from airflow_finalckpt.core.errors import (
+    FinalCheckpointError,
+    InvalidStageArgumentError,
+    StageDefinitionError,
+)
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.pipeline_keys import default_pipeline_key, hints_scope
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
+from airflow_finalckpt.hooks.masking import code_signing_key, mask_task_secrets
 from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators.drain import drain_behaviour
+from airflow_finalckpt.operators.arguments import check_deploy_mode, check_execution, check_sinks
+from airflow_finalckpt.operators.attempt import StageRun, coordinator_options
 from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.operators.links import PipelinePageLink
 from airflow_finalckpt.operators.publishing import (
@@ -47,7 +65,6 @@ from airflow_finalckpt.operators.rerun import prepare_attempt, record_publicatio
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
-    RunResult,
     RunStatus,
     StageCloser,
     StageSpec,
@@ -56,6 +73,7 @@ from airflow_finalckpt.spark.driver import spark_logic
 from airflow_finalckpt.spark.launch import ExecutionMode, SparkTarget, resolve_target
 from airflow_finalckpt.spark.launch.submit import SubmitLauncher
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.repository import pipeline_of_dag_run
 from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger, StageResumeTrigger
 
 if TYPE_CHECKING:
@@ -82,39 +100,6 @@ __all__ = [  # the XCom keys and publishing helpers keep their former import pat
 
 #: A stage run through spark-submit: its submission id, driver epoch and Spark application id.
 SPARK_SUBMISSION_KEY = "spark_submission"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
-
-
-@dataclass
-class StageRun:
-    """What running an attempt produced: its result, its epoch, whether Spark was used, and
-    the closer that commits and closes the stage once its final checkpoint completed.
-    """
-
-    result: RunResult
-    epoch: int | None
-    closer: StageCloser
-    spark_started: bool
-
-
-def coordinator_options(settings: Any) -> CoordinatorOptions:
-    """The pipeline's retention and checkpoint timeout from ``[finalckpt]`` (every stage start
-    writes them, so a changed setting applies from the next stage on).
-    """
-    return CoordinatorOptions(
-        retain_checkpoints=int(settings.retain_checkpoints),
-        checkpoint_timeout_s=float(settings.checkpoint_timeout_s),
-    )
-
-
-def hints_scope(dag_id: str) -> str:
-    """Measured batch throughput is shared by the runs of one DAG (a path-safe name)."""
-    return "dag-" + _UNSAFE.sub("-", dag_id)[:190]
-
-
-def default_pipeline_key(dag_id: str, run_id: str) -> str:
-    """One pipeline run per DAG run unless the conf names one (``pipeline_key``)."""
-    return _UNSAFE.sub("-", f"{dag_id}.{run_id}")[:200]
 
 
 class FinalCheckpointStageOperator(BaseOperator):
@@ -144,6 +129,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
     :param on_drain: a drain makes this source ``"stop"`` taking input or ``"complete"`` it;
         default: complete if no downstream stage takes it as ``primary_input`` (a dimension).
+    :param allow_split_list_change: resume a started stage whose split list lost splits it
+        had finished (inputs removed on purpose); by default that fails the task (permanent).
     :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
         connection's master (``spark_default``), else ``local[*]``.
     """
@@ -176,20 +163,22 @@ class FinalCheckpointStageOperator(BaseOperator):
         spark_execution: str | None = None,
         spark_deploy_mode: str | None = None,
         on_drain: str | None = None,
+        allow_split_list_change: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.transform = transform
-        self.on_finish = on_finish
-        self.stage_id = stage_id or self.task_id
-        self.splits = splits
-        self.primary_input = primary_input
-        self.sinks = list(sinks)
-        self.pipeline_key = pipeline_key
+        stage_id = check_stage_id(self.task_id if stage_id is None else stage_id)
+        self.stage_id = stage_id
+        self.transform: Transform = check_callable(stage_id, "transform", transform, optional=False)
+        self.on_finish = check_callable(stage_id, "on_finish", on_finish, optional=True)
+        self.splits = check_splits(stage_id, splits)
+        self.primary_input = check_optional_text(stage_id, "primary_input", primary_input)
+        self.sinks = check_sinks(stage_id, sinks)
+        self.pipeline_key = check_optional_text(stage_id, "pipeline_key", pipeline_key)
         try:
             policy_from(batch_size, target_batch_s)
         except ValueError as exc:
-            raise ValueError(f"stage {self.stage_id!r}: {exc}") from None
+            raise InvalidStageArgumentError(f"stage {stage_id!r}: {exc}") from None
         self.batch_size = batch_size
         if isinstance(split_keys, str) or not all(isinstance(k, str) and k for k in split_keys):
             raise ValueError(
@@ -200,15 +189,22 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.target_batch_s = target_batch_s
         if isinstance(checkpoint_interval, timedelta):
             checkpoint_interval = checkpoint_interval.total_seconds()
-        self.checkpoint_interval = checkpoint_interval
-        self.commit_mode = CommitMode(commit_mode)
-        self.spark_master = spark_master
-        self.spark_conf = dict(spark_conf or {})
-        self.spark_conn_id = spark_conn_id
-        self.finalckpt_conn_id = finalckpt_conn_id
-        self.poll_interval = poll_interval
-        self.spark_execution = spark_execution
-        self.spark_deploy_mode = spark_deploy_mode
+        self.checkpoint_interval = check_optional_seconds(
+            stage_id, "checkpoint_interval", checkpoint_interval
+        )
+        self.commit_mode = CommitMode(
+            check_choice(stage_id, "commit_mode", commit_mode, (m.value for m in CommitMode))
+        )
+        self.spark_master = check_optional_text(stage_id, "spark_master", spark_master)
+        self.spark_conf = check_string_mapping(stage_id, "spark_conf", spark_conf)
+        self.spark_conn_id = check_text(stage_id, "spark_conn_id", spark_conn_id)
+        self.finalckpt_conn_id = check_text(stage_id, "finalckpt_conn_id", finalckpt_conn_id)
+        self.poll_interval = check_seconds(stage_id, "poll_interval", poll_interval)
+        self.spark_execution = check_execution(stage_id, spark_execution)
+        self.spark_deploy_mode = check_deploy_mode(stage_id, spark_deploy_mode)
+        self.allow_split_list_change = check_bool(
+            stage_id, "allow_split_list_change", allow_split_list_change
+        )
         self.on_drain = check_on_drain(self.stage_id, on_drain)
         self._spark: SparkSession | None = None
 
@@ -246,8 +242,10 @@ class FinalCheckpointStageOperator(BaseOperator):
     def _resolve_key(self, context: Context) -> str:
         conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
         key = conf.get("pipeline_key") or self.pipeline_key
-        if not key:
-            key = default_pipeline_key(self.dag_id, context["run_id"])
+        if not key:  # a DAG run linked before the keys changed keeps its pipeline (docs)
+            run_id = context["run_id"]
+            key = pipeline_of_dag_run(self._hook().get_engine(), self.dag_id, run_id)
+            key = key or default_pipeline_key(self.dag_id, run_id)
         return str(key)
 
     def _hook(self) -> FinalCkptHook:
@@ -259,7 +257,8 @@ class FinalCheckpointStageOperator(BaseOperator):
     def execute(self, context: Context) -> Any:
         """Run the stage's attempt (or park it, deferred, while it waits or is suspended)."""
         hook = self._hook()
-        settings = hook.get_settings()
+        settings = hook.get_settings()  # registers the store's credentials with the masker
+        mask_task_secrets(None, self.sinks)
         storage = hook.get_storage()
         conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
         restore_from = conf.get("restore_from")
@@ -396,6 +395,7 @@ class FinalCheckpointStageOperator(BaseOperator):
                 target_batch_s=self._target_batch_s(settings),
                 attempt_lease_s=float(getattr(settings, "attempt_lease_s", 60)),
                 on_drain=drain_behaviour(self, FinalCheckpointStageOperator),
+                allow_split_list_change=self.allow_split_list_change,
             ),
             upstream_manifests=dict(manifests),
             hints_scope=hints_scope(self.dag_id),
@@ -549,6 +549,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             spark_conf=self.spark_conf,
             app_name=f"finalckpt-{self.dag_id}-{self.task_id}",
             log=self.log,
+            code_signing_key=code_signing_key(),
         )
         self._launcher: SubmitLauncher | None = launcher
         driver_job, pickled = launcher.build_job(job, code)

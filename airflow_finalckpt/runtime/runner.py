@@ -36,7 +36,11 @@ from airflow_finalckpt.core.model import (
     output_parts,
 )
 from airflow_finalckpt.core.ports import CoordinatorPort
-from airflow_finalckpt.core.split_list import split_list_change, split_list_fingerprint
+from airflow_finalckpt.core.split_list import (
+    check_finished_splits_declared,
+    split_list_change,
+    split_list_fingerprint,
+)
 from airflow_finalckpt.core.views import StageView, StopRequest, draining, suspends
 from airflow_finalckpt.runtime.batches import (
     BatchSizer,
@@ -124,17 +128,25 @@ class StageRunner:
 
     # ------------------------------------------------------------------ running
 
-    def _warn_changed_split_list(self, view: StageView, recorded: str | None) -> None:
-        """A resumed stage whose declared split list is not the one its progress was
-        recorded with: say how they differ (nothing is dropped, see ``core.split_list``).
+    def _check_changed_split_list(self, view: StageView, recorded: str | None) -> None:
+        """A resumed stage whose declared split list is not the one its progress was recorded
+        with: refused (permanent) if finished splits are no longer declared, unless the spec
+        allows it; else say how the lists differ (nothing is dropped, see ``core.split_list``).
         """
         if view.lifecycle.is_finished:
             return
         finished = view.progress.finished_splits
+        restored = self.coordinator.restored_from()
+        source = "its last attempt" if restored is None else f"checkpoint {restored}"
+        check_finished_splits_declared(
+            self.spec.stage_id,
+            self.spec.splits,
+            finished,
+            source,
+            self.spec.allow_split_list_change,
+        )
         change = split_list_change(recorded, self.spec.splits, finished)
         if change is not None:
-            restored = self.coordinator.restored_from()
-            source = "its last attempt" if restored is None else f"checkpoint {restored}"
             warn = getattr(self.log, "warning", self.log.info)  # Log promises only info
             warn("%s", change.describe(self.spec.stage_id, source))
 
@@ -147,7 +159,7 @@ class StageRunner:
             stage_id, total_splits=len(self.spec.splits), split_list_sha256=declared
         )
         self.epoch = view.epoch
-        self._warn_changed_split_list(view, recorded)
+        self._check_changed_split_list(view, recorded)
         skipped = self._skip(view)
         if skipped is not None:
             return skipped
@@ -167,7 +179,11 @@ class StageRunner:
         source = not upstream
         self._abort_orphaned_transactions()
         progress = view.progress
-        pending = remaining_splits(self.spec.splits, progress.finished_splits)
+        pending = remaining_splits(
+            self.spec.splits,
+            progress.finished_splits,
+            ignore_unknown_finished=self.spec.allow_split_list_change,
+        )
         outputs, state = _split_state(progress.state)
         sizer = self._sizer()
         self.log.info(

@@ -57,6 +57,8 @@ class StageSpec:
     #: what a stop with drain does to a source stage: ``"stop"`` (stop taking input: a fact
     #: source) or ``"complete"`` (read all input: a dimension read whole downstream)
     on_drain: str = "stop"
+    #: Resume although finished splits are no longer declared (the operator argument).
+    allow_split_list_change: bool = False
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 - validates batch_size and target_batch_s

@@ -98,7 +98,9 @@ class IcebergTableSink(StagedTableSink):
     ) -> None:
         super().__init__(sink_id, storage_options)
         if table.count(".") < 1 or not all(table.split(".")):
-            raise ConfigurationError(f"Iceberg table {table!r} must be 'namespace.name'")
+            raise ConfigurationError(
+                f"sink {sink_id!r}: argument table={table!r} must be 'namespace.name'"
+            )
         self.table_name = table
         self.warehouse = warehouse
         self.catalog_config = catalog if isinstance(catalog, str | None) else dict(catalog)

@@ -83,7 +83,10 @@ class ParquetTableSink(TwoPhaseCommitSink):
         fs, root = fsspec.core.url_to_fs(table_uri, **(storage_options or {}))
         root = root.rstrip("/")
         if not root:
-            raise ConfigurationError(f"table_uri {table_uri!r} must name a directory, not a root")
+            raise ConfigurationError(
+                f"sink {sink_id!r}: argument table_uri={table_uri!r} must name a directory, "
+                "not a root"
+            )
         self._fs: fsspec.AbstractFileSystem = fs
         self._files = TableFiles(fs, sink_id)
         self._root = root
@@ -101,8 +104,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
     def _resolve_mode(self, requested: CommitMode) -> ResolvedMode:
         if requested not in ("auto", "rename", "copy", "manifest"):
             raise ConfigurationError(
-                f"commit_mode {requested!r} is not one of 'auto', 'rename', 'copy' "
-                "('manifest' is the old name of 'copy')"
+                f"sink {self.sink_id!r}: argument commit_mode={requested!r} is not one of "
+                "'auto', 'rename', 'copy' ('manifest' is the old name of 'copy')"
             )
         if requested == "rename":
             return "rename"

@@ -83,6 +83,19 @@ __all__ = [
 DRIVER_WRITE_MAX_BYTES = 10 * 1024 * 1024
 
 
+def _check_sqlite_directory(sink_id: str, engine: Engine) -> None:
+    """A SQLite file's directory must exist (SQLite creates the file, not its directory)."""
+    database = engine.url.database or ""
+    if engine.dialect.name != "sqlite" or database in ("", ":memory:"):
+        return
+    directory = os.path.dirname(os.path.abspath(database))
+    if not os.path.isdir(directory):
+        raise ConfigurationError(
+            f"sink {sink_id!r}: argument url: the SQLite file's directory {directory} does not "
+            "exist; create it or point url at an existing directory"
+        )
+
+
 class SqlTableSink(TwoPhaseCommitSink):
     """Two-phase-commit sink appending (or, with ``key_columns``, upserting) into a SQL table.
 
@@ -116,9 +129,10 @@ class SqlTableSink(TwoPhaseCommitSink):
         self.engine: Engine = make_engine(url)
         if self.engine.dialect.name not in SUPPORTED_DIALECTS:
             raise ConfigurationError(
-                f"SqlTableSink supports {', '.join(SUPPORTED_DIALECTS)}, not "
-                f"{self.engine.dialect.name!r}"
+                f"sink {sink_id!r}: argument url: SqlTableSink supports "
+                f"{', '.join(SUPPORTED_DIALECTS)}, not {self.engine.dialect.name!r}"
             )
+        _check_sqlite_directory(sink_id, self.engine)
         self._books = SinkBookkeeping(sink_id, self.engine)
         self._target: Table | None = None
         self._staging: Table | None = None

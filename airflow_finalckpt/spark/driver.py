@@ -5,9 +5,11 @@ in-process or Spark Connect, and in a submitted driver). ``spark-submit .../driv
 <spec URI>`` runs ``run_job``: it reads the job spec and the stage code the Airflow task wrote
 (see ``spark.job``), assembles the stage runtime (``runtime.assembly``) against the
 coordination store and the checkpoint storage, heartbeats while it runs and writes its
-``RunResult`` (or its error) as ``result.json`` beside the spec. The coordination store URL and
-the storage settings come from the environment (``AIRFLOW__FINALCKPT__STORE_URL`` /
-``..._STORAGE_URI`` / ``..._STORAGE_OPTIONS``), never from the spec file.
+``RunResult`` (or its error) as ``result.json`` beside the spec. The coordination store URL, the
+code key and credential storage options come from the secrets file ``--secrets`` names (removed
+once read; ``spark.secrets``), else from the environment (``AIRFLOW__FINALCKPT__STORE_URL``,
+set from a Kubernetes Secret); the storage root from ``..._STORAGE_URI``; never from the spec
+file. ``code.pkl`` is unpickled only after its seal verified.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from airflow_finalckpt.spark.job import (
     resolve_reference,
     result_to_json,
 )
+from airflow_finalckpt.spark.secrets import CODE_KEY_ENV, code_key, open_code, read_secrets_file
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
@@ -81,15 +84,17 @@ def spark_logic(session: Callable[[], SparkSession]) -> LogicFactory:
     return make
 
 
-def _storage_from_env() -> CheckpointStorage:
-    """The checkpoint storage the Airflow task handed over in the environment."""
+def _storage_from_env(secrets: dict[str, Any]) -> CheckpointStorage:
+    """The checkpoint storage the Airflow task handed over (credentials: in the secrets)."""
     root = os.environ.get(STORAGE_URI_ENV)
     if not root:
         raise SystemExit(
             f"driver: {STORAGE_URI_ENV} is not set; the Airflow task passes it (client mode) or "
             "spark.yarn.appMasterEnv / spark.kubernetes.driverEnv carry it (cluster mode)"
         )
-    options = parse_storage_options(os.environ.get(STORAGE_OPTIONS_ENV, ""))
+    options = secrets.get("storage_options")
+    if options is None:
+        options = parse_storage_options(os.environ.get(STORAGE_OPTIONS_ENV, ""))
     return CheckpointStorage(root, options)
 
 
@@ -136,15 +141,18 @@ class Heartbeat(threading.Thread):
                 log.warning("driver %s: heartbeat failed: %s", self.sid, exc)
 
 
-def _load_code(job: DriverJob, files: Files) -> StageCode:
-    """The stage's code: by ``module:qualname`` reference, or unpickled from ``code.pkl``."""
+def _load_code(job: DriverJob, files: Files, key: bytes) -> StageCode:
+    """The stage's code: by ``module:qualname`` reference, or unpickled from ``code.pkl``
+    once its seal verified with ``key`` (a tampered or unsigned file is refused unread).
+    """
     sid = job.submission_id
     pickled: dict[str, Any] = {}
     if any(v == "pickle" for v in job.code.values()):
+        where = files.path(sid, "code.pkl")
         blob = files.read(sid, "code.pkl")
         if blob is None:
-            raise RuntimeError(f"code file {files.path(sid, 'code.pkl')} is missing")
-        pickled = pickle.loads(blob)  # written by the Airflow task of this very submission
+            raise RuntimeError(f"code file {where} is missing")
+        pickled = pickle.loads(open_code(blob, key, where))  # sealed by the Airflow task
 
     def load(name: str) -> Any:
         how = job.code.get(name)
@@ -157,11 +165,16 @@ def _load_code(job: DriverJob, files: Files) -> StageCode:
     return StageCode(load("transform"), load("on_finish"), tuple(load("sinks") or ()))
 
 
-def _store_url(job: DriverJob) -> str:
-    """The coordination store from the environment: the Airflow task's, or a clear error."""
-    store_url = os.environ.get(STORE_URL_ENV)
+def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
+    """The coordination store from the secrets file (else the environment): the Airflow
+    task's, or a clear error.
+    """
+    store_url = secrets.get("store_url") or os.environ.get(STORE_URL_ENV)
     if not store_url:
-        raise RuntimeError(f"{STORE_URL_ENV} is not set in the driver's environment")
+        raise RuntimeError(
+            f"the driver got no coordination store: no --secrets file and no {STORE_URL_ENV} "
+            "(in Kubernetes cluster mode: from a Secret, spark.kubernetes.driver.secretKeyRef)"
+        )
     if mask_url(store_url) != job.store_url_masked:
         raise RuntimeError(
             f"the driver's coordination store {mask_url(store_url)} is not the Airflow "
@@ -170,9 +183,10 @@ def _store_url(job: DriverJob) -> str:
     return store_url
 
 
-def run_job(job_uri: str) -> int:
+def run_job(job_uri: str, secrets_file: str | None = None) -> int:
     """Run the submitted stage attempt; 0 with its result, 1 with its error in result.json."""
-    storage = _storage_from_env()
+    secrets = read_secrets_file(secrets_file)
+    storage = _storage_from_env(secrets)
     fs = storage.fs
     job = DriverJob.from_json(bytes(fs.cat_file(job_uri)))
     files = Files(storage, job.pipeline_key, job.stage_id)
@@ -182,8 +196,9 @@ def run_job(job_uri: str) -> int:
     heartbeat.start()
     runner: StageRunner | None = None
     try:
-        store_url = _store_url(job)
-        code = _load_code(job, files)
+        store_url = _store_url(job, secrets)
+        signing_key = secrets.get("code_signing_key") or os.environ.get(CODE_KEY_ENV)
+        code = _load_code(job, files, code_key(signing_key, store_url))
 
         def session() -> SparkSession:
             from pyspark.sql import SparkSession
@@ -251,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     """The submitted driver's entry point: run the stage of ``--job`` and write its result file."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="URI of the job spec (spec.json)")
+    parser.add_argument("--secrets", default=None, help="path or name of the secrets file")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -258,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s finalckpt-driver %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    code = run_job(args.job)
+    code = run_job(args.job, args.secrets)
     try:
         from pyspark.sql import SparkSession
 

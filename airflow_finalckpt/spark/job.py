@@ -94,6 +94,7 @@ class DriverJob:
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     attempt_lease_s: float = 60.0
     on_drain: str = "stop"
+    allow_split_list_change: bool = False
     format: int = JOB_FORMAT
 
     @classmethod
@@ -127,6 +128,7 @@ class DriverJob:
             spark_conf=dict(spark_conf),
             attempt_lease_s=float(spec.attempt_lease_s),
             on_drain=spec.on_drain,
+            allow_split_list_change=spec.allow_split_list_change,
         )
 
     def stage_job(self) -> StageJob:
@@ -143,6 +145,7 @@ class DriverJob:
                 target_batch_s=self.target_batch_s,
                 attempt_lease_s=self.attempt_lease_s,
                 on_drain=self.on_drain,
+                allow_split_list_change=self.allow_split_list_change,
             ),
             upstream_manifests=self.upstream_manifests,
             hints_scope=self.hints_scope,

@@ -83,3 +83,25 @@ def test_retention_and_timeout_settings_reach_the_pipeline(
     dag_run = dag.test(run_conf={"pipeline_key": key})
     assert str(dag_run.state).endswith("success")
     assert stored() == (1, 42.0)
+
+
+def test_a_dag_run_linked_under_an_older_key_keeps_its_pipeline(
+    closed_pipeline: tuple[Any, str],
+) -> None:
+    """Default keys changed (issue 27): a DAG run whose stages ran under the old key, retried
+    after the upgrade, continues that pipeline (found by its DAG run link), not a new one."""
+    from airflow.sdk import DAG
+
+    from airflow_finalckpt.core.pipeline_keys import default_pipeline_key
+    from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+
+    engine, key = closed_pipeline
+    dag_id = f"legacy_{uuid.uuid4().hex[:8]}"
+    Coordinator(engine, key).link_dag_run(dag_id, "manual__2026-01-01T00:00:00+00:00")
+    with DAG(dag_id, schedule=None):
+        op = FinalCheckpointStageOperator(task_id="a", transform=print, splits=["a1"])
+
+    linked = op._resolve_key({"run_id": "manual__2026-01-01T00:00:00+00:00"})  # type: ignore[typeddict-item]
+    fresh = op._resolve_key({"run_id": "manual__2026-01-02T00:00:00+00:00"})  # type: ignore[typeddict-item]
+    assert linked == key
+    assert fresh == default_pipeline_key(dag_id, "manual__2026-01-02T00:00:00+00:00")

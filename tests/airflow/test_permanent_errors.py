@@ -31,13 +31,22 @@ from airflow.sdk import DAG
 
 from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
 
+
+def noop(ctx):
+    return None
+
+
+def splits():
+    return SPLITS
+
+
 with DAG(
     DAG_ID,
     schedule=None,
     start_date=datetime(2026, 1, 1),
     default_args={"retries": 3, "retry_delay": timedelta(0)},
 ) as dag:
-    FinalCheckpointStageOperator(task_id="ingest", transform=TRANSFORM, splits=["a", "b"])
+    FinalCheckpointStageOperator(task_id="ingest", transform=noop, splits=splits)
 """
 
 
@@ -89,7 +98,7 @@ def tries(dag_run: Any, task_id: str) -> tuple[str, int]:
 def test_garbage_restore_from_fails_once_and_writes_nothing(
     settings: Path, write_dag: Callable[..., Any]
 ) -> None:
-    dag = write_dag(ONE_STAGE_DAG, DAG_ID=f"perm_{uuid.uuid4().hex[:8]}", TRANSFORM=None)
+    dag = write_dag(ONE_STAGE_DAG, DAG_ID=f"perm_{uuid.uuid4().hex[:8]}", SPLITS=["a", "b"])
     dag_run = dag.test(run_conf={"restore_from": "../../garbage"})
     assert str(dag_run.state).endswith("failed")
     assert tries(dag_run, "ingest") == ("failed", 1)
@@ -97,8 +106,9 @@ def test_garbage_restore_from_fails_once_and_writes_nothing(
 
 
 def test_bad_stage_definition_fails_once(settings: Path, write_dag: Callable[..., Any]) -> None:
-    # no transform: a DAG bug no retry can fix
-    dag = write_dag(ONE_STAGE_DAG, DAG_ID=f"perm_{uuid.uuid4().hex[:8]}", TRANSFORM=None)
+    # a splits callable returning one split twice: a DAG bug no retry can fix (the wrong
+    # arguments the parser can see are the DAG's import error: test_parse_time_errors.py)
+    dag = write_dag(ONE_STAGE_DAG, DAG_ID=f"perm_{uuid.uuid4().hex[:8]}", SPLITS=["a", "a"])
     dag_run = dag.test()
     assert tries(dag_run, "ingest") == ("failed", 1)
 
@@ -109,6 +119,6 @@ def test_unreachable_store_is_transient_and_retried(
     monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", "postgresql+psycopg://x@127.0.0.1:1/db")
     monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_CONNECT_RETRIES", "0")
     hook_module.dispose_engines()
-    dag = write_dag(ONE_STAGE_DAG, DAG_ID=f"perm_{uuid.uuid4().hex[:8]}", TRANSFORM=None)
+    dag = write_dag(ONE_STAGE_DAG, DAG_ID=f"perm_{uuid.uuid4().hex[:8]}", SPLITS=["a", "b"])
     dag_run = dag.test()
     assert tries(dag_run, "ingest") == ("failed", 4)  # 1 try + 3 retries

@@ -18,7 +18,9 @@ def test_link_points_to_the_pipeline_tab_of_the_dag_run(monkeypatch: pytest.Monk
         dag_id="flights", task_id="enrich", run_id="manual__2026/01 x", try_number=1
     )
 
-    url = PipelineLink().get_link(FinalCheckpointStageOperator(task_id="enrich"), ti_key=key)
+    url = PipelineLink().get_link(
+        FinalCheckpointStageOperator(task_id="enrich", transform=print), ti_key=key
+    )
 
     assert url == (
         "http://airflow.example:8080/dags/flights/runs/manual__2026%2F01%20x"
@@ -32,7 +34,7 @@ def test_link_is_relative_without_a_base_url(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_stage_operator_and_plugin_carry_the_link() -> None:
-    op = FinalCheckpointStageOperator(task_id="ingest", splits=["a"])
+    op = FinalCheckpointStageOperator(task_id="ingest", transform=print, splits=["a"])
 
     assert [link.name for link in op.operator_extra_links] == ["Pipeline"]
     assert PipelineLink().operators == [FinalCheckpointStageOperator]
@@ -45,7 +47,7 @@ def test_serialized_stage_task_keeps_the_link() -> None:
     from airflow.serialization.serialized_objects import DagSerialization
 
     with DAG("link_dag", schedule=None) as dag:
-        FinalCheckpointStageOperator(task_id="ingest", splits=["a"])
+        FinalCheckpointStageOperator(task_id="ingest", transform=print, splits=["a"])
     restored = DagSerialization.from_dict(DagSerialization.to_dict(dag))
     task = restored.get_task("ingest")
 

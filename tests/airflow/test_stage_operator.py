@@ -24,12 +24,30 @@ def test_master_from_spark_default_connection(airflow_home: Any, monkeypatch: An
     assert _op()._spark_target().master == "spark://127.0.0.1:7077"
 
 
-def test_default_pipeline_key_is_path_safe() -> None:
-    key = default_pipeline_key("dag", "manual__2026-11-22T03:45:16.123456+00:00")
-    assert key == "dag.manual__2026-11-22T03-45-16.123456-00-00"
+def test_default_pipeline_key_is_path_safe_and_readable() -> None:
     from airflow_finalckpt.storage import validate_pipeline_key
 
+    key = default_pipeline_key("dag", "manual__2026-11-22T03:45:16.123456+00:00")
+    assert key.startswith("dag.manual__2026-11-22T03-45-16.123456-00-00.")
     assert validate_pipeline_key(key) == key
+    for dag_id, run_id in [("-x", "r"), (".x", "r" * 400), ("d", "ünïcode run/..")]:
+        key = default_pipeline_key(dag_id, run_id)
+        assert validate_pipeline_key(key) == key and len(key) <= 200
+
+
+def test_default_pipeline_keys_of_distinct_dag_runs_differ() -> None:
+    """Replacing unsafe characters made these pairs one key (issue 27)."""
+    colliding = [
+        (
+            ("etl", "scheduled__2026-01-01T00:00:00+00:00"),
+            ("etl", "scheduled__2026-01-01T00-00-00-00-00"),
+        ),
+        (("a.b", "c"), ("a", "b.c")),
+        (("d", "r" * 300 + "1"), ("d", "r" * 300 + "2")),
+    ]
+    for first, second in colliding:
+        assert default_pipeline_key(*first) != default_pipeline_key(*second), (first, second)
+    assert default_pipeline_key("a.b", "c") == default_pipeline_key("a.b", "c")  # stable
 
 
 def test_bad_batch_size_is_refused() -> None:

@@ -453,10 +453,41 @@ def test_describe_and_repr_mask_secrets() -> None:
         ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
         ("webdav://alice:pw@dav.example/ckpt", "webdav://alice:***@dav.example/ckpt"),
         ("/local/path", "/local/path"),
+        # issue 27: query-string passwords, Azure SAS tokens and connection strings
+        (
+            "postgresql+psycopg://u@h/db?password=hunter2&sslmode=require",
+            "postgresql+psycopg://u@h/db?password=***&sslmode=require",
+        ),
+        (
+            "abfs://c@acct.dfs.core.windows.net/x?sv=2022&sig=SASsecret%3D&se=2030",
+            "abfs://c@acct.dfs.core.windows.net/x?sv=2022&sig=***&se=2030",
+        ),
+        (
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=KEYsecret==;"
+            "EndpointSuffix=core.windows.net",
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;"
+            "EndpointSuffix=core.windows.net",
+        ),
     ],
 )
 def test_mask_url(url: str, masked: str) -> None:
     assert mask_url(url) == masked
+
+
+def test_azure_storage_options_are_masked() -> None:
+    from airflow_finalckpt.config import mask_storage_options
+
+    options = {
+        "account_name": "acct",
+        "connection_string": "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=K1==",
+        "sas_token": "sv=2022&sig=S1",
+        "sas": "sv=2022&sig=S2",
+        "endpoint_url": "https://acct.blob.core.windows.net/?sv=1&sig=S3",
+    }
+    shown = repr(mask_storage_options(options))
+    for secret in ("K1==", "S1", "S2", "S3"):
+        assert secret not in shown, shown
+    assert "'account_name': 'acct'" in shown
 
 
 def test_settings_compare_by_value_not_by_source() -> None:

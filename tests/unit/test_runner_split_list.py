@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.core.errors import is_permanent
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StageLifecycle, StateHandle, TriggerReason
-from airflow_finalckpt.core.split_list import split_list_fingerprint
+from airflow_finalckpt.core.split_list import LostFinishedSplitsError, split_list_fingerprint
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput, StageRunner, StageSpec
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
@@ -23,7 +24,7 @@ from airflow_finalckpt.store.migrate import ensure_schema
 
 KEY = "split-list"
 FIRST = tuple(f"s{i}" for i in range(6))
-#: s6, s7 added (a list that drops finished splits is refused: core/assignment.py)
+#: s6, s7 added (a list that drops finished splits is refused unless allowed)
 SECOND = (*FIRST, "s6", "s7")
 SHRUNK = FIRST[2:]
 
@@ -78,8 +79,16 @@ def coordinator(url: str, storage: CheckpointStorage) -> Coordinator:
     return coord
 
 
-def run(coord: Coordinator, splits: tuple[str, ...], logic: Logic, log: Recorder) -> None:
-    spec = StageSpec(pipeline_key=KEY, stage_id="a", splits=splits, batch_size=2)
+def run(
+    coord: Coordinator, splits: tuple[str, ...], logic: Logic, log: Recorder, allow: bool = False
+) -> None:
+    spec = StageSpec(
+        pipeline_key=KEY,
+        stage_id="a",
+        splits=splits,
+        batch_size=2,
+        allow_split_list_change=allow,
+    )
     StageRunner(coord, spec, logic, log=log).run()
 
 
@@ -91,14 +100,17 @@ def test_a_resumed_attempt_with_a_changed_list_warns_and_keeps_progress(tmp_path
     assert set(first.processed) == {"s0", "s1", "s2", "s3"}
     assert coord.stage("a").progress.split_list_sha256 == split_list_fingerprint(FIRST)
 
-    # finished splits no longer declared: the warning counts them, then the attempt is
-    # refused as before (it could process data twice), progress kept
+    # finished splits no longer declared: a permanent error naming its rule and the operator
+    # argument that allows it, with no warning before it; progress kept
     log = Recorder()
-    with pytest.raises(ValueError, match="not among the stage's current splits"):
+    with pytest.raises(LostFinishedSplitsError) as refused:
         run(coord, SHRUNK, Logic(), log)
-    [warning] = log.warnings()
-    assert "stage a: split list changed since its last attempt" in warning
-    assert "2 finished split(s) are no longer declared" in warning  # s0, s1
+    message = str(refused.value)
+    assert "stage 'a' violates rule 'finished splits stay declared'" in message
+    assert "2 finished split(s) ['s0', 's1']" in message
+    assert "allow_split_list_change=True" in message
+    assert is_permanent(refused.value)
+    assert log.warnings() == []
     assert coord.stage("a").progress.finished_splits == {"s0", "s1", "s2", "s3"}
 
     log, second = Recorder(), Logic()
@@ -144,3 +156,15 @@ def test_a_restore_detects_the_changed_list(tmp_path: Path) -> None:
     assert "0 finished split(s) are no longer declared" in warning
     assert "4 declared split(s) are not finished" in warning
     assert logic.processed == list(SECOND[4:])
+
+
+def test_allow_split_list_change_resumes_without_the_removed_splits(tmp_path: Path) -> None:
+    coord = coordinator(f"sqlite:///{tmp_path}/store.db", CheckpointStorage(str(tmp_path)))
+    with pytest.raises(Crash):
+        run(coord, FIRST, Logic(crash_in_batch=2), Recorder())
+    log, logic = Recorder(), Logic()
+    run(coord, SHRUNK, logic, log, allow=True)
+    [warning] = log.warnings()
+    assert "2 finished split(s) are no longer declared" in warning  # s0, s1
+    assert logic.processed == ["s4", "s5"]
+    assert coord.stage("a").lifecycle is StageLifecycle.FINISHED

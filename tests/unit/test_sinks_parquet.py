@@ -446,7 +446,7 @@ def test_identifiers_are_accepted_only_as_one_safe_path_segment(text: str) -> No
 
 
 def test_unknown_commit_mode_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match="commit_mode 'bogus'"):
+    with pytest.raises(Exception, match="sink 's': argument commit_mode='bogus'"):
         ParquetTableSink("s", str(tmp_path / "t"), commit_mode="bogus")  # type: ignore[arg-type]
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG, Asset
@@ -79,7 +80,9 @@ def branching_sinks(
     delay windows, and with ``lakehouse`` an Iceberg table (SQLite catalog in
     ``<output>/warehouse``) and a Delta table (``<output>/delta/<table>``) for each.
     """
-    sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    if sql_url is None:  # the SQLite sink's directory must exist when the DAG is parsed
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        sql_url = f"sqlite:///{output_dir}/delay_windows.db"
     sinks: dict[str, list[TwoPhaseCommitSink]] = {
         "delay_windows": [
             ParquetTableSink("delay_windows_parquet", f"{output_dir}/delay_windows"),

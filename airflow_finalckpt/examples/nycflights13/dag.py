@@ -99,7 +99,9 @@ def build_dag(
     :param batch_hooks: per stage id, a hook run at the start of each of its batches (tests:
         pacing, so that a stop or a kill lands mid-way; the demo's injected crash).
     """
-    sql_url = sql_url or f"sqlite:///{output_dir}/delay_windows.db"
+    if sql_url is None:  # the SQLite sink's directory must exist when the DAG is parsed
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        sql_url = f"sqlite:///{output_dir}/delay_windows.db"
     sizes = dict(batch_sizes or {})
     hooks = dict(batch_hooks or {})
     with example_dag(dag_id, retries, doc_md or __doc__) as dag:

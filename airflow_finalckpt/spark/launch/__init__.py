@@ -104,7 +104,8 @@ def mask_master(master: str) -> str:
     return master
 
 
-def _parse_mode(value: Any, where: str) -> ExecutionMode:
+def parse_mode(value: Any, where: str) -> ExecutionMode:
+    """An execution mode from its name or alias; ``where`` says whose value it is."""
     text = str(value).strip().lower().replace("_", "-")
     aliases = {"inprocess": "in-process", "local": "in-process", "spark-submit": "submit"}
     text = aliases.get(text, text)
@@ -203,18 +204,18 @@ def _resolve_mode(
     """
     if execution:
         return (
-            _parse_mode(execution, "operator argument spark_execution"),
+            parse_mode(execution, "operator argument spark_execution"),
             "mode from spark_execution",
         )
     if connection is not None and connection.execution:
         where = f"connection {spark_conn_id} extra {EXECUTION_EXTRA}"
         return (
-            _parse_mode(connection.execution, where),
+            parse_mode(connection.execution, where),
             f"mode from connection extra {EXECUTION_EXTRA}",
         )
     if (configured := _configured_mode()) is not None:
         return (
-            _parse_mode(configured, f"{EXECUTION_ENV} / [finalckpt] spark_execution"),
+            parse_mode(configured, f"{EXECUTION_ENV} / [finalckpt] spark_execution"),
             "mode from [finalckpt] spark_execution",
         )
     if master.startswith("sc://"):

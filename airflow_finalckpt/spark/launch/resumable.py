@@ -69,6 +69,10 @@ class Launcher(Protocol):
         """The SparkSubmitHook that submits ``job`` (its spec at ``spec_uri``)."""
         ...
 
+    def cleanup_secrets(self) -> None:
+        """Remove the driver's secrets file once spark-submit ended."""
+        ...
+
 
 class SubmissionStatus:
     """The status of a recorded submission (``ResumableJobMixin.get_job_status``)."""
@@ -215,6 +219,8 @@ class ResumableSubmission(ResumableJobMixin):
                 hook.submit(application=driver_script())
             except BaseException as exc:  # the result file tells more than the exit code
                 self._submit_error = exc
+            finally:
+                self.launcher.cleanup_secrets()
 
         self._thread = threading.Thread(target=submit, name=f"spark-submit-{sid}", daemon=True)
         self._thread.start()

@@ -4,9 +4,10 @@ Runs in the Airflow task. It writes a *job* for the driver into the checkpoint s
 location: in cluster deploy mode the driver runs on another machine; the files are listed in
 ``spark.job``), submits ``airflow_finalckpt/spark/driver.py`` through the Spark provider's
 ``SparkSubmitHook`` and, when the driver ends, reads ``result.json``. The coordination store
-URL and the storage settings go to the driver as environment variables (the hook turns them
-into ``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` in cluster mode), never
-into the spec file.
+URL, the code key and credential storage options go to the driver in a secrets file only the
+job can read (``spark.secrets``), named by path in the driver's arguments: never on the
+spark-submit command line, in a pod spec, in the spec file or in the checkpoint storage;
+``code.pkl`` is sealed (encrypted and authenticated) with that key.
 
 Reattaching across task tries is ``airflow.sdk.ResumableJobMixin`` with Airflow's task state
 store (``spark.launch.resumable``): the submission record is kept under
@@ -29,6 +30,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+from airflow_finalckpt.config import mask_storage_options
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob
 from airflow_finalckpt.spark.job import (
@@ -48,7 +50,17 @@ from airflow_finalckpt.spark.launch import (
     UnsupportedDeployModeError,
 )
 from airflow_finalckpt.spark.launch.resumable import ResumableSubmission, StorageStateStore
+from airflow_finalckpt.spark.secrets import (
+    CODE_KEY_ENV,
+    code_key,
+    remove_secrets_file,
+    seal_code,
+    write_secrets_file,
+)
 from airflow_finalckpt.storage import CheckpointStorage
+
+#: A Kubernetes cluster-mode driver takes its credentials from a Kubernetes Secret.
+K8S_SECRET_REF = "spark.kubernetes.driver.secretKeyRef."
 
 
 class CodeShippingError(ConfigurationError):
@@ -185,8 +197,12 @@ class SubmitLauncher:
         heartbeat_stale_s: float = HEARTBEAT_STALE_S,
         poll_interval_s: float = 1.0,
         hook_factory: Callable[..., Any] | None = None,
+        code_signing_key: str | None = None,
     ) -> None:
         self.target = target
+        self.code_signing_key = code_signing_key
+        #: the secrets file of the submission being started (removed once spark-submit ends)
+        self.secrets_path: str | None = None
         self.storage = storage
         self.store_url = store_url
         self.store_url_masked = store_url_masked
@@ -223,7 +239,10 @@ class SubmitLauncher:
         if code.sinks:
             refs["sinks"] = "pickle"
             to_pickle["sinks"] = list(code.sinks)
-        blob = pickle_code(to_pickle, stage.spec.stage_id) if to_pickle else None
+        blob = None
+        if to_pickle:
+            key = code_key(self.code_signing_key, self.store_url)
+            blob = seal_code(pickle_code(to_pickle, stage.spec.stage_id), key)
         job = DriverJob.for_stage(
             stage,
             submission_id=submission_id,
@@ -284,14 +303,54 @@ class SubmitLauncher:
             resumable.previous = resumable.previous or previous
             return outcome
 
+    def _has_secret_options(self) -> bool:
+        return mask_storage_options(self.storage_options) != self.storage_options
+
     def _env(self) -> dict[str, str]:
-        env = {
-            STORE_URL_ENV: self.store_url,
-            STORAGE_URI_ENV: self.storage.root_uri,
-        }
-        if self.storage_options:
+        """The driver's environment: no credential (the hook may turn it into ``--conf``)."""
+        env = {STORAGE_URI_ENV: self.storage.root_uri}
+        if self.storage_options and not self._has_secret_options():
             env[STORAGE_OPTIONS_ENV] = json.dumps(self.storage_options)
         return env
+
+    def _secrets(self) -> dict[str, Any]:
+        return {
+            "store_url": self.store_url,
+            "code_signing_key": self.code_signing_key,
+            "storage_options": self.storage_options if self._has_secret_options() else None,
+        }
+
+    def _on_kubernetes_cluster(self) -> bool:
+        return self.target.is_cluster_deploy and self.target.master.startswith("k8s://")
+
+    def _secrets_args(self) -> tuple[list[str], list[str]]:
+        """The driver's ``--secrets`` argument and the files spark-submit ships (YARN cluster
+        mode: the secrets file through YARN's private staging directory); a Kubernetes
+        cluster-mode driver reads its credentials from Kubernetes Secrets instead.
+        """
+        if self._on_kubernetes_cluster():
+            needed = [STORE_URL_ENV] + ([CODE_KEY_ENV] if self.code_signing_key else [])
+            if self._has_secret_options():
+                needed.append(STORAGE_OPTIONS_ENV)
+            missing = [n for n in needed if K8S_SECRET_REF + n not in self.spark_conf]
+            if missing:
+                confs = ", ".join(f"{K8S_SECRET_REF}{n}=<secret>:<key>" for n in missing)
+                raise ConfigurationError(
+                    "a Kubernetes cluster-mode driver takes its credentials from Kubernetes "
+                    f"Secrets, never from the pod spec: set {confs} in spark_conf or the "
+                    "connection's extras (the Helm chart's Secret, docs/spark-cluster.md)"
+                )
+            return [], []
+        remove_secrets_file(self.secrets_path)
+        self.secrets_path = write_secrets_file(self._secrets())
+        if self.target.is_cluster_deploy:  # YARN: shipped beside the driver, found by name
+            return ["--secrets", os.path.basename(self.secrets_path)], [self.secrets_path]
+        return ["--secrets", self.secrets_path], []
+
+    def cleanup_secrets(self) -> None:
+        """Remove the secrets file once spark-submit ended (the driver removes it on reading)."""
+        remove_secrets_file(self.secrets_path)
+        self.secrets_path = None
 
     def _conf(self) -> dict[str, str]:
         conf = {"spark.ui.enabled": "false", **self.spark_conf}
@@ -305,14 +364,17 @@ class SubmitLauncher:
         if self.target.is_cluster_deploy and self.target.master.startswith("spark://"):
             # resolve_target refuses it already; a last guard before anything is submitted
             raise UnsupportedDeployModeError(STANDALONE_PYTHON_CLUSTER_MODE)
+        secrets_args, files = self._secrets_args()
         kwargs: dict[str, Any] = {
             "conf": self._conf(),
             "name": f"{self.app_name}-{job.submission_id}",
-            "application_args": ["--job", spec_uri],
+            "application_args": ["--job", spec_uri, *secrets_args],
             "env_vars": self._env(),
             "spark_binary": spark_submit_binary(),
             "deploy_mode": self.target.deploy_mode,
         }
+        if files:
+            kwargs["files"] = ",".join(files)
         if self.hook_factory is not None:
             return self.hook_factory(**kwargs)
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook

@@ -1,0 +1,42 @@
+"""The default pipeline key of a DAG run, and the scope its batch throughput is shared in.
+
+A pipeline key is one path segment (``storage.validate_pipeline_key``), so a DAG id and a run id
+cannot be kept as they are. Replacing unsafe characters alone is not injective (``T00:00:00``
+and ``T00-00-00``, or ``("a.b", "c")`` and ``("a", "b.c")``, became one key, and a run silently
+continued another run's pipeline): the key keeps that readable form and adds a digest of the
+exact pair, so two DAG runs never share a default key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=-]")
+_SAFE_FIRST = re.compile(r"[A-Za-z0-9_]")
+_DOT_BEFORE_DOT = re.compile(r"\.(?=\.)")
+#: Hex digits of the sha256 of ``[dag_id, run_id]`` ending every default key (64 bits).
+DIGEST_CHARS = 16
+#: Room for the readable part: the key stays within 200 characters.
+READABLE_CHARS = 200 - DIGEST_CHARS - 1
+
+
+def _readable(text: str) -> str:
+    """``text`` with every character a path segment may not hold replaced by ``-``."""
+    return _UNSAFE.sub("-", text)
+
+
+def default_pipeline_key(dag_id: str, run_id: str) -> str:
+    """One pipeline run per DAG run: ``<dag>.<run, made safe>.<digest of the exact pair>``."""
+    readable = _readable(f"{dag_id}.{run_id}")[:READABLE_CHARS]
+    if not _SAFE_FIRST.match(readable):
+        readable = "_" + readable[: READABLE_CHARS - 1]
+    pair = json.dumps([dag_id, run_id], ensure_ascii=True).encode()
+    key = f"{readable}.{hashlib.sha256(pair).hexdigest()[:DIGEST_CHARS]}"
+    return _DOT_BEFORE_DOT.sub("-", key)  # '..' is no path segment's part
+
+
+def hints_scope(dag_id: str) -> str:
+    """Measured batch throughput is shared by the runs of one DAG (a path-safe name)."""
+    return "dag-" + _readable(dag_id)[:190]

@@ -1,0 +1,150 @@
+"""Mistakes in a stage's arguments are the DAG file's import error (issue 27): Airflow's own
+DagBag parses a small DAG file, as the dag-processor does, and records one line naming the stage,
+the argument and what is allowed; nothing runs."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("airflow_home")
+
+DAG_FILE = """
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_finalckpt.decorators import finalckpt_stage
+from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+
+TMP = {tmp!r}
+
+
+def noop(ctx):
+    return None
+
+
+with DAG("parse_check", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+    {body}
+"""
+
+
+def import_error(tmp_path: Path, body: str) -> str:
+    """The DagBag import error of a DAG file whose DAG holds ``body``."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = tmp_path / "parse_check.py"
+    source = textwrap.dedent(DAG_FILE).format(tmp=str(tmp_path), body=body)
+    path.write_text(source)
+    bag = DagBag(dag_folder=str(path), bundle_path=tmp_path, bundle_name="parse-check")
+    assert bag.dags == {}, "the DAG was imported although its stage is wrong"
+    [(file, error)] = bag.import_errors.items()
+    assert file.endswith("parse_check.py")
+    return error
+
+
+def op(args: str) -> str:
+    return f'FinalCheckpointStageOperator(task_id="ingest", splits=["a"], {args})'
+
+
+CASES = {
+    "poll_interval": (
+        op("transform=noop, poll_interval=0"),
+        "stage 'ingest': argument poll_interval=0 is invalid: must be > 0 seconds",
+    ),
+    "checkpoint_interval": (
+        op("transform=noop, checkpoint_interval=-1"),
+        "stage 'ingest': argument checkpoint_interval=-1 is invalid: must be > 0 seconds, "
+        "or None for the default",
+    ),
+    "spark_execution": (
+        op("transform=noop, spark_execution='yarn'"),
+        "stage 'ingest': argument spark_execution='yarn' is invalid: allowed values are "
+        "'in-process', 'submit', 'connect' or None",
+    ),
+    "spark_deploy_mode": (
+        op("transform=noop, spark_deploy_mode='remote'"),
+        "stage 'ingest': argument spark_deploy_mode='remote' is invalid: allowed values are "
+        "'client', 'cluster'",
+    ),
+    "transform": (
+        op("transform=None"),
+        "stage 'ingest': argument transform=None is invalid: must be a function",
+    ),
+    "stage_id": (
+        op("transform=noop, stage_id='../x'"),
+        "stage '../x': argument stage_id='../x' is invalid: it must be 1-250 ASCII letters",
+    ),
+    "commit_mode": (
+        op("transform=noop, commit_mode='x'"),
+        "stage 'ingest': argument commit_mode='x' is invalid: allowed values are "
+        "'progressive', 'final'",
+    ),
+    "duplicate sink ids": (
+        op(
+            "transform=noop, sinks=[ParquetTableSink('out', TMP + '/t1'), "
+            "ParquetTableSink('out', TMP + '/t2')]"
+        ),
+        "stage 'ingest': argument sinks=",
+    ),
+    "duplicate splits": (
+        'FinalCheckpointStageOperator(task_id="ingest", transform=noop, splits=["a", "a"])',
+        "stage 'ingest': argument splits=['a', 'a'] is invalid: must be a list of distinct",
+    ),
+    "batch_size": (
+        op("transform=noop, batch_size=0"),
+        "stage 'ingest': batch_size must be an integer >= 1",
+    ),
+    "allow_split_list_change": (
+        op("transform=noop, allow_split_list_change='no'"),
+        "stage 'ingest': argument allow_split_list_change='no' is invalid: must be True or False",
+    ),
+    "not a sink": (
+        op("transform=noop, sinks=['out']"),
+        "stage 'ingest': argument sinks=['out'] is invalid: every item must be a two-phase-commit",
+    ),
+    "missing SQLite directory": (
+        op("transform=noop, sinks=[SqlTableSink('rows', f'sqlite:///{TMP}/nowhere/x.db', 'rows')]"),
+        "sink 'rows': argument url: the SQLite file's directory",
+    ),
+    "parquet commit_mode": (
+        op("transform=noop, sinks=[ParquetTableSink('out', TMP + '/t', commit_mode='x')]"),
+        "sink 'out': argument commit_mode='x' is not one of 'auto', 'rename', 'copy'",
+    ),
+    "decorator": (
+        "finalckpt_stage(noop, splits=['a'], poll_interval=-2)()",
+        "stage 'noop': argument poll_interval=-2 is invalid: must be > 0 seconds",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_wrong_argument_is_the_dag_import_error(tmp_path: Path, case: str) -> None:
+    body, expected = CASES[case]
+    error = import_error(tmp_path, body)
+    assert expected in error, error
+    assert (
+        "StageDefinitionError" in error
+        or "InvalidStageArgumentError" in error
+        or ("ConfigurationError" in error)
+    ), error
+
+
+def test_duplicate_sink_ids_name_the_duplicate(tmp_path: Path) -> None:
+    body, _ = CASES["duplicate sink ids"]
+    error = import_error(tmp_path, body)
+    assert "sink ids must be distinct within a stage; duplicated: ['out']" in error
+
+
+def test_a_correct_stage_parses(tmp_path: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = tmp_path / "parse_ok.py"
+    body = op("transform=noop, poll_interval=1, checkpoint_interval=30, commit_mode='final'")
+    path.write_text(textwrap.dedent(DAG_FILE).format(tmp=str(tmp_path), body=body))
+    bag = DagBag(dag_folder=str(path), bundle_path=tmp_path, bundle_name="parse-check")
+    assert bag.import_errors == {}
+    assert list(bag.dags) == ["parse_check"]
