@@ -16,6 +16,7 @@ upserted on the route (``key_columns``), both at the stage's final checkpoint.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow.sdk import DAG, Asset
@@ -86,6 +87,8 @@ def route_totals_sinks(
     output_dir: str, sql_url: str | None = None
 ) -> list[ParquetTableSink | SqlTableSink]:
     """The Parquet table and the SQL table (upserted on the route) of the route totals."""
+    if sql_url is None:  # the SQLite sink's directory must exist when the DAG is parsed
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
     return [
         ParquetTableSink("route_totals_parquet", f"{output_dir}/route_totals"),
         SqlTableSink(
