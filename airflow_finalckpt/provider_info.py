@@ -71,11 +71,11 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "s3a://bucket/finalckpt",
     ),
     "storage_options": _option(
-        "fsspec storage options of storage_uri, a JSON object (credentials are masked in logs).",
+        "fsspec storage options of storage_uri, a JSON object (credentials are masked in logs; "
+        "not marked sensitive: Airflow would warn about masking its 2-character default).",
         "string",
         "{{}}",
         '{"anon": false}',
-        sensitive=True,
     ),
     "checkpoint_interval_s": _option(
         "Seconds between periodic checkpoints of a running pipeline.",

@@ -70,7 +70,8 @@ def mask_task_secrets(settings: FinalCkptSettings | None, sinks: Iterable[Any] =
         values.extend(option_secrets(settings.storage_options))
     for sink in sinks:
         values.extend(sink_secrets(sink))
-    unique = list(dict.fromkeys(v for v in values if len(v) >= 3))
+    # Airflow skips (with a warning) secrets under 5 characters: they would mask too much
+    unique = list(dict.fromkeys(v for v in values if len(v) >= 5))
     for value in unique:
         mask_secret(value)
     return len(unique)

@@ -113,6 +113,7 @@ class FinalCheckpointSensor(BaseSensorOperator):
                 store_url=hook.get_settings().store_url,
                 poll_interval=self.poke_interval,
                 timeout=self.timeout,
+                finalckpt_conn_id=self.finalckpt_conn_id,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),

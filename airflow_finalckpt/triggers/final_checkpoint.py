@@ -29,6 +29,7 @@ Events (a dict payload; every one carries ``pipeline_key`` and ``stage_id``):
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,9 +37,11 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from airflow_finalckpt.config import load_settings, mask_storage_options, mask_url
+from airflow_finalckpt.config import CONNECTION_ID as DEFAULT_CONN_ID
+from airflow_finalckpt.config import MASK, load_settings, mask_storage_options, mask_url
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import (
+    ConfigurationError,
     FinalCheckpointError,
     UnknownPipelineError,
     UnknownStageError,
@@ -46,7 +49,7 @@ from airflow_finalckpt.core.errors import (
 from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.views import PipelineSnapshot, StageView, StopRequest
-from airflow_finalckpt.hooks.finalckpt import shared_engine
+from airflow_finalckpt.hooks.finalckpt import FinalCkptHook, shared_engine
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.triggers.snapshots import shared_snapshot
 
@@ -109,8 +112,10 @@ class _StagePollingTrigger(BaseTrigger):
         timeout: float | None = None,
         *,
         deadline: float | None = None,
+        finalckpt_conn_id: str = DEFAULT_CONN_ID,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's is unannotated
+        self.finalckpt_conn_id = finalckpt_conn_id
         if not poll_interval or poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.pipeline_key = pipeline_key
@@ -134,10 +139,30 @@ class _StagePollingTrigger(BaseTrigger):
             "poll_interval": self.poll_interval,
             "timeout": self.timeout,
             "deadline": self.deadline,
+            "finalckpt_conn_id": self.finalckpt_conn_id,
         }
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{type(self).__module__}.{type(self).__qualname__}", self._kwargs()
+        """The kwargs without credentials (Airflow keeps them in its trigger table): the
+        triggerer resolves the masked store URL from its own settings (``_resolve_secrets``).
+        """
+        return f"{type(self).__module__}.{type(self).__qualname__}", self._masked_kwargs()
+
+    def _resolve_secrets(self) -> Any:
+        """Put back what ``serialize`` masked, from the settings of ``finalckpt_conn_id`` in
+        this process (the triggerer's); refused if they name another store.
+        """
+        if MASK not in self.store_url:
+            return None
+        settings = FinalCkptHook(finalckpt_conn_id=self.finalckpt_conn_id).get_settings()
+        if mask_url(settings.store_url) != self.store_url:
+            raise ConfigurationError(
+                f"the trigger's coordination store {self.store_url} is not this process's "
+                f"({mask_url(settings.store_url)}): give the triggerer the workers' "
+                f"[finalckpt] store_url / connection {self.finalckpt_conn_id!r}"
+            )
+        self.store_url = settings.store_url
+        return settings
 
     def _masked_kwargs(self) -> dict[str, Any]:
         kwargs = self._kwargs()
@@ -193,6 +218,11 @@ class _StagePollingTrigger(BaseTrigger):
         return f"stage {self.stage_id!r} of pipeline {self.pipeline_key!r}"
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            await asyncio.to_thread(self._resolve_secrets)
+        except Exception as exc:
+            yield TriggerEvent(self._error(exc))
+            return
         transient_errors = 0
         while True:
             try:
@@ -303,9 +333,16 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
         storage_options: dict[str, Any] | None = None,
         epoch: int | None = None,
         deadline: float | None = None,
+        finalckpt_conn_id: str = DEFAULT_CONN_ID,
     ) -> None:
         super().__init__(
-            pipeline_key, stage_id, store_url, poll_interval, timeout, deadline=deadline
+            pipeline_key,
+            stage_id,
+            store_url,
+            poll_interval,
+            timeout,
+            deadline=deadline,
+            finalckpt_conn_id=finalckpt_conn_id,
         )
         if storage_uri is None:
             settings = load_settings()
@@ -331,6 +368,20 @@ class FinalCheckpointTrigger(_StagePollingTrigger):
         kwargs["storage_uri"] = mask_url(self.storage_uri)
         kwargs["storage_options"] = mask_storage_options(self.storage_options)
         return kwargs
+
+    def _resolve_secrets(self) -> Any:
+        settings = super()._resolve_secrets()
+        masked = json.dumps(self.storage_options) + self.storage_uri
+        if MASK in masked:
+            settings = settings or load_settings()
+            if mask_url(settings.storage_uri) != self.storage_uri:
+                raise ConfigurationError(
+                    f"the trigger's checkpoint storage {self.storage_uri} is not this "
+                    f"process's ({mask_url(settings.storage_uri)})"
+                )
+            self.storage_uri = settings.storage_uri
+            self.storage_options = dict(settings.storage_options)
+        return settings
 
     def _what(self) -> str:
         return f"the final checkpoint of {self._where()}"
@@ -406,9 +457,16 @@ class StageResumeTrigger(_StagePollingTrigger):
         *,
         epoch: int | None = None,
         deadline: float | None = None,
+        finalckpt_conn_id: str = DEFAULT_CONN_ID,
     ) -> None:
         super().__init__(
-            pipeline_key, stage_id, store_url, poll_interval, timeout, deadline=deadline
+            pipeline_key,
+            stage_id,
+            store_url,
+            poll_interval,
+            timeout,
+            deadline=deadline,
+            finalckpt_conn_id=finalckpt_conn_id,
         )
         self.epoch = epoch
 

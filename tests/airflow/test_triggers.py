@@ -20,6 +20,7 @@ from airflow.sdk._shared.module_loading import import_string
 from airflow.triggers.base import TriggerEvent
 
 from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import (
     CheckpointKind,
@@ -486,6 +487,7 @@ def test_serialize_round_trips_through_the_trigger_table(make: Callable[[str], A
     assert rebuilt.serialize() == (classpath, kwargs)
     assert classpath.startswith("airflow_finalckpt.triggers.final_checkpoint.")
     assert "s3cret" not in row.encrypted_kwargs
+    assert "s3cret" not in json.dumps(row.kwargs)  # not even decrypted (issue 27)
     # The repr (logged by the triggerer) never shows the password.
     assert "s3cret" not in repr(rebuilt)
     assert "user:***@db" in repr(rebuilt)
@@ -516,3 +518,23 @@ def test_storage_defaults_to_the_resolved_settings(
 def test_invalid_poll_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="poll_interval"):
         StageClosedTrigger("p", "s", "sqlite:////tmp/x.db", poll_interval=0)
+
+
+def test_a_rebuilt_trigger_takes_the_store_password_from_its_own_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trigger table holds the masked URL; the triggerer puts the password back from its
+    own settings of the same connection, and refuses settings naming another store."""
+    url = "postgresql+psycopg://user:s3cret@db:5432/finalckpt"
+    _, kwargs = StageClosedTrigger("p", "s", url).serialize()
+    assert kwargs["store_url"] == "postgresql+psycopg://user:***@db:5432/finalckpt"
+    assert kwargs["finalckpt_conn_id"] == "finalckpt_default"
+
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", url)
+    rebuilt = StageClosedTrigger(**kwargs)
+    rebuilt._resolve_secrets()
+    assert rebuilt.store_url == url
+
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", url.replace("@db:", "@other:"))
+    with pytest.raises(ConfigurationError, match="is not this process's"):
+        StageClosedTrigger(**kwargs)._resolve_secrets()

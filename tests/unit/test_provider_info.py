@@ -34,7 +34,6 @@ def test_every_setting_has_a_documented_option_and_a_default() -> None:
         "api_token",
         "api_password",
         "store_url",
-        "storage_options",
         "code_signing_key",
     }
 
