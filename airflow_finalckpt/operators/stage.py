@@ -45,9 +45,9 @@ from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_d
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.hooks.masking import code_signing_key, mask_task_secrets
 from airflow_finalckpt.lineage import stage_lineage
-from airflow_finalckpt.operators.drain import drain_behaviour
 from airflow_finalckpt.operators.arguments import check_deploy_mode, check_execution, check_sinks
 from airflow_finalckpt.operators.attempt import StageRun, coordinator_options
+from airflow_finalckpt.operators.drain import drain_behaviour
 from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.operators.links import PipelinePageLink
 from airflow_finalckpt.operators.publishing import (

@@ -29,6 +29,7 @@ from airflow_finalckpt.core.errors import (
     UnsafePathError,
 )
 from airflow_finalckpt.core.metadata import dump_metadata, load_metadata_versioned
+from airflow_finalckpt.core.metadata.registry import MAX_METADATA_BYTES
 from airflow_finalckpt.core.model import CheckpointRecord, StateHandle
 from airflow_finalckpt.storage import savepoint_files
 from airflow_finalckpt.storage.atomic import atomic_write, protocols_of
@@ -174,9 +175,14 @@ class CheckpointStorage:
     # -- checkpoints ------------------------------------------------------------------------
 
     def _read_bytes(self, fs_path: str) -> bytes | None:
-        """The file's bytes, or None if it does not exist; other I/O errors as StorageError."""
+        """The file's bytes (at most one byte more than a ``_metadata`` file may have, so an
+        oversized one is refused without reading it whole), or None if it does not exist;
+        other I/O errors as StorageError.
+        """
         try:
-            return bytes(self.fs.cat_file(fs_path))
+            savepoint_files.refuse_link_out(self.fs, fs_path, self._root or "/")
+            with self.fs.open(fs_path, "rb") as handle:
+                return bytes(handle.read(MAX_METADATA_BYTES + 1))
         except FileNotFoundError:
             return None
         except OSError as exc:

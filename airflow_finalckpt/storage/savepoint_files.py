@@ -140,6 +140,20 @@ def _sha256_of(fs: AbstractFileSystem, path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def refuse_link_out(fs: AbstractFileSystem, path: str, root: str) -> None:
+    """A local file reached through a symlink (itself or a directory above it, up to
+    ``root``) could be anything on the machine: never read, copied or bundled.
+    """
+    if not isinstance(fs, LocalFileSystem):
+        return
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    if os.path.islink(path) or not real.startswith(real_root + os.sep):
+        raise UnsafePathError(
+            f"{path} is a symlink or lies under one inside the checkpoint storage: refused "
+            "(checkpoint storage holds plain files only)"
+        )
+
+
 def _place(fs: AbstractFileSystem, src: str, dst: str) -> None:
     """Put ``src``'s bytes at ``dst`` on the same filesystem: a hard link if possible."""
     if isinstance(fs, LocalFileSystem):
@@ -179,6 +193,7 @@ def bundle(storage: CheckpointStorage, record: CheckpointRecord, fs_dir: str) ->
                 if rel in files:
                     continue
                 target = f"{fs_dir}/{FILES_DIR}/{rel}"
+                refuse_link_out(fs, f"{base}/{rel}", base)
                 _place(fs, f"{base}/{rel}", target)
                 size, sha = _sha256_of(fs, target)
                 files[rel] = {"size": size, "sha256": sha}

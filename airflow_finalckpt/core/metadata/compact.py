@@ -32,8 +32,9 @@ from airflow_finalckpt.core.metadata.envelope import (
 
 SPLITS_ENCODING = "front-coded+zlib+base64"
 PACKED_ENCODING = "zlib+base64"
-#: A packed value never inflates beyond this (a corrupt or hostile file cannot exhaust memory).
-MAX_UNPACKED_BYTES = 1 << 30
+#: A packed value never inflates beyond this (a corrupt or hostile file cannot exhaust memory):
+#: the largest legitimate ones (the fully finished stages of 10,000 stages) take a few MB.
+MAX_UNPACKED_BYTES = 64 << 20
 _LEVEL = 6
 
 
