@@ -93,7 +93,8 @@ class InProcessDriver:
 
     def submit(self, application: str) -> None:
         assert application == driver_script()
-        if driver.run_job(self.kwargs["application_args"][1]) != 0:
+        args = self.kwargs["application_args"]  # --job <spec> --secrets <file>
+        if driver.run_job(args[1], args[args.index("--secrets") + 1]) != 0:
             raise RuntimeError("the driver wrote an error")
 
     def on_kill(self) -> None:

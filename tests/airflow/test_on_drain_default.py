@@ -34,4 +34,4 @@ def test_a_bad_on_drain_is_refused() -> None:
     with pytest.raises(
         ValueError, match=r"stage 'w': on_drain must be one of \['stop', 'complete'\]"
     ):
-        FinalCheckpointStageOperator(task_id="w", on_drain="finish")
+        FinalCheckpointStageOperator(task_id="w", transform=print, on_drain="finish")
