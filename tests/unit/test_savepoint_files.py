@@ -224,3 +224,20 @@ def test_a_missing_copy_is_refused(tmp_path: Path) -> None:
     (tmp_path / "other" / KEY / "chk-4" / FILES_DIR / "data/ingest/b1/part-0.parquet").unlink()
     with pytest.raises(StorageError, match="copy the whole savepoint directory"):
         other.materialize(record, other.checkpoint_dir(KEY, 4))
+
+
+def test_a_symlinked_file_is_never_bundled(tmp_path: Path) -> None:
+    """A referenced file that is a symlink (to a secret elsewhere on the machine) is refused
+    when the savepoint bundles its files: nothing of it is copied and no _metadata written."""
+    from airflow_finalckpt.core.errors import UnsafePathError
+
+    storage = CheckpointStorage(str(tmp_path / "ckpt"))
+    record = _pipeline(storage, CheckpointKind.SAVEPOINT)
+    secret = tmp_path / "outside-secret"
+    secret.write_bytes(b"not checkpoint data")
+    planted = tmp_path / "ckpt" / KEY / "data/ingest/b0/part-0.parquet"
+    planted.unlink()
+    planted.symlink_to(secret)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        storage.write_checkpoint(record)
+    assert not (tmp_path / "ckpt" / KEY / "chk-4" / "_metadata").exists()
