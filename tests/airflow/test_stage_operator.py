@@ -59,6 +59,14 @@ def test_bad_batch_size_is_refused() -> None:
     assert _op().batch_size == "auto" and _op(batch_size=3).batch_size == 3
 
 
+def test_split_keys_are_column_names() -> None:
+    for bad in ("event_date", ["event_date", ""], [1]):
+        with pytest.raises(ValueError, match="stage 's': split_keys must be a tuple of column"):
+            _op(split_keys=bad)
+    assert _op(split_keys=["event_date"]).split_keys == ("event_date",)
+    assert _op().split_keys == ()
+
+
 def test_graph_follows_dag_edges_and_stage_ids() -> None:
     from airflow.sdk import DAG
 
