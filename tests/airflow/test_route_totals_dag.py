@@ -1,8 +1,8 @@
 """The route totals example DAG (an incremental aggregation over every day) through real Airflow
-``dag.test()``, real Spark and real sinks: with one day per batch, the Parquet table and the SQL
-table upserted on the route hold one row per route, equal to an independent pandas groupBy over
-all days (a per-batch groupBy would commit one row per route and day, and the upsert would keep
-only the last day's).
+``dag.test()``, real Spark and real sinks: with a fixed batch of one day, the Parquet table and
+the SQL table upserted on the route hold one row per route, equal to an independent pandas
+groupBy over all days. (A plain groupBy is refused with ``batch_size=1`` by the plan check;
+returned per batch it would commit one row per route and day.)
 """
 
 from __future__ import annotations
