@@ -333,6 +333,8 @@ _CONNECT_LOCAL = frozenset(
 )
 
 
+#: Client plans that stand for a plan only the server knows.
+_CONNECT_OPAQUE = frozenset({"SQL", "CachedRelation", "CachedRemoteRelation"})
 _CONNECT_PLAIN = {"Sort": Op.SORT, "Limit": Op.LIMIT, "Tail": Op.LIMIT, "Offset": Op.LIMIT}
 
 
@@ -349,8 +351,13 @@ def _connect_node(plan: Any, tagged: dict[int, Input]) -> PlanNode:
             inputs.append(value)
     children = tuple(_connect_node(p, tagged) for p in inputs)
     subqueries = tuple(_connect_node(r, tagged) for r in getattr(plan, "_references", []) or [])
+    if name in _CONNECT_OPAQUE:
+        # spark.sql(...) is analysed on the server (the client holds a CachedRelation of its
+        # result): its operators (a GROUP BY over a temp view of this batch) are not visible
+        # here, so it is taken as not split-local
+        return PlanNode(Op.UNKNOWN, name, (PlanNode(Op.LEAF, name, input=Input.BATCH),))
     if not children:
-        # a leaf nobody tagged (a read, a local relation, SQL): conservative
+        # a leaf nobody tagged (a read, a local relation): conservative
         return PlanNode(Op.LEAF, name, input=Input.BATCH)
     op, keys, join = _connect_kind(name, plan)
     if op is Op.LOCAL:

@@ -39,6 +39,8 @@ def main() -> None:
         "orderBy+limit": batch.orderBy("value").limit(1),
         "union with a constant": batch.select("key").union(dim.select("key")),
         "applyInPandas": batch.groupBy("key").applyInPandas(lambda p: p, batch.schema),
+        # analysed on the server: not visible client-side, so not taken as split-local
+        "spark.sql": spark.sql("SELECT key, count(*) AS n FROM {t} GROUP BY key", t=batch),
     }
     verdicts = {}
     for name, frame in shapes.items():

@@ -31,4 +31,5 @@ def test_connect_plans_are_classified_like_classic_ones() -> None:
         "orderBy+limit": ["whole-input", "Sort"],
         "union with a constant": ["whole-input", "SetOperation"],
         "applyInPandas": ["whole-input", "GroupMap"],
+        "spark.sql": ["whole-input", "CachedRelation"],
     }
