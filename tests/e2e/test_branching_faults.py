@@ -43,7 +43,13 @@ from urllib.parse import quote
 import pytest
 
 from airflow_finalckpt.coordination import Coordinator
-from airflow_finalckpt.core.model import CheckpointKind, StageLifecycle, StopMode, StopState
+from airflow_finalckpt.core.model import (
+    CheckpointKind,
+    CheckpointState,
+    StageLifecycle,
+    StopMode,
+    StopState,
+)
 from airflow_finalckpt.examples.nycflights13.data import first_days
 from airflow_finalckpt.examples.nycflights13.reference import (
     assert_carrier_daily_match,
@@ -62,7 +68,17 @@ DAG_FILE = Path(__file__).resolve().parent / "branching_dags" / "branching_fault
 TRIGGERER_DAG = "branching_faults_triggerer"
 SAVEPOINT_DAG = "branching_faults_savepoint"
 DRAIN_DAG = "branching_faults_drain"
-OUTPUT = {TRIGGERER_DAG: "triggerer", SAVEPOINT_DAG: "savepoint", DRAIN_DAG: "drain"}
+FAIL_WINDOWS_DAG = "branching_faults_fail_windows"
+FAIL_CARRIER_DAG = "branching_faults_fail_carrier"
+DRAIN_SOURCES_DAG = "branching_faults_drain_sources"
+OUTPUT = {
+    TRIGGERER_DAG: "triggerer",
+    SAVEPOINT_DAG: "savepoint",
+    DRAIN_DAG: "drain",
+    FAIL_WINDOWS_DAG: "fail_windows",
+    FAIL_CARRIER_DAG: "fail_carrier",
+    DRAIN_SOURCES_DAG: "drain_sources",
+}
 DAYS = 21  # three ingest parts: enrich, delay_windows and carrier_daily have three splits
 FINAL_TRIGGER = "airflow_finalckpt.triggers.final_checkpoint.FinalCheckpointTrigger"
 RESUME_TRIGGER = "airflow_finalckpt.triggers.final_checkpoint.StageResumeTrigger"
@@ -103,7 +119,14 @@ def cluster(airflow_cluster: Callable[..., AirflowCluster], env: dict[str, Any])
             "FINALCKPT_E2E_WORK": str(work),
             "FINALCKPT_E2E_DAYS": str(DAYS),
         },
-        expect_dags=[TRIGGERER_DAG, SAVEPOINT_DAG, DRAIN_DAG],
+        expect_dags=[
+            TRIGGERER_DAG,
+            SAVEPOINT_DAG,
+            DRAIN_DAG,
+            FAIL_WINDOWS_DAG,
+            FAIL_CARRIER_DAG,
+            DRAIN_SOURCES_DAG,
+        ],
     )
 
 
@@ -505,3 +528,126 @@ def _drained(p: Pipeline, run_id: str) -> None:
         "POST", f"{base}/restore", json={"savepoint_path": final.metadata_path}, user="user"
     )
     assert restore.status_code == 409 and "drained savepoint" in restore.text, restore.text
+
+
+def _fail_for_good_while_sibling_waits(
+    p: Pipeline, failing: str, waiting: str
+) -> tuple[str, dict[str, dict[str, Any]], int]:
+    """``failing`` holds its second batch until ``waiting`` finished and waits deferred for its
+    eager final checkpoint (which waits for ``failing``'s acknowledgement); then ``failing``
+    fails on every try (2 tries). Returns the run id, its task instances once the run ended and
+    the eager checkpoint's id.
+    """
+    cluster = p.cluster
+    # `waiting` finishes only once `failing` recorded its first batch and holds its second, so
+    # its eager checkpoint plans `failing` as running (it must acknowledge)
+    p.hold(f"{failing}-2", f"{waiting}-3")
+    run_id = p.trigger()
+    p.wait(lambda: p.held(f"{failing}-2"), f"{failing} inside its second batch", 600)
+    p.release(f"{waiting}-3")
+    cluster.wait_for_task(p.dag_id, run_id, waiting, ("deferred",), timeout=300)
+    eager = p.coord.stage(waiting).finish_threshold
+    assert eager is not None
+    assert p.coord.checkpoint(eager).state is CheckpointState.PENDING  # it waits for `failing`
+    (p.gates / f"{failing}.fail").touch()
+    p.release(f"{failing}-2")
+    state = cluster.wait_for_run(p.dag_id, run_id, timeout=300)
+    tis = p.tis(run_id)
+    assert state == "failed", (tis, cluster.log_tails(60))
+    assert tis[failing]["state"] == "failed" and tis[failing]["try_number"] == 2, tis[failing]
+    assert tis[waiting]["state"] == "success", tis[waiting]
+    # The eager checkpoint completed at the first try's failure (its failure path released the
+    # attempt), before the retry began: it did not wait for the failure to be final.
+    done = p.coord.checkpoint(eager)
+    assert done.state is CheckpointState.COMPLETED and done.completed_at is not None
+    tries = cluster.task_tries(p.dag_id, run_id, failing)
+    second = next(t for t in tries if t["try_number"] == 2)
+    assert done.completed_at < _epoch_seconds(second["start_date"]), (done, second)
+    assert p.statuses(eager)[failing] == "PARTIALLY_FINISHED"  # from its first batch
+    assert p.coord.stage(waiting).lifecycle is StageLifecycle.CLOSED
+    # carrier_daily holds the carrier Asset (delay_windows' Asset is publish's)
+    carrier = "carrier_daily"
+    assert len(_asset_events(cluster, p.dag_id, run_id, carrier)) == (carrier == waiting)
+    return run_id, tis, eager
+
+
+def _epoch_seconds(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_branch_failing_for_good_does_not_block_its_finished_sibling(
+    cluster: AirflowCluster, pipeline_factory: Callable[[str], Pipeline]
+) -> None:
+    """delay_windows fails on every try while carrier_daily finished and waits deferred:
+    carrier_daily closes, commits and succeeds, publish is upstream_failed, the run fails.
+    """
+    p = pipeline_factory(FAIL_WINDOWS_DAG)
+    _run_id, tis, _ = _fail_for_good_while_sibling_waits(p, "delay_windows", "carrier_daily")
+    assert tis["publish"]["state"] == "upstream_failed"
+    out = p.work / OUTPUT[p.dag_id] / "output"
+    assert_carrier_daily_match(
+        ParquetTableSink("carrier_daily_parquet", f"{out}/carrier_daily").read_pandas(),
+        reference_carrier_daily(first_days(DAYS)),
+    )
+
+
+def test_the_mirror_case_lets_publish_run(
+    cluster: AirflowCluster, pipeline_factory: Callable[[str], Pipeline]
+) -> None:
+    """carrier_daily fails on every try while delay_windows finished and waits deferred:
+    delay_windows closes and succeeds, publish runs and succeeds, the run fails.
+    """
+    p = pipeline_factory(FAIL_CARRIER_DAG)
+    run_id, tis, _ = _fail_for_good_while_sibling_waits(p, "carrier_daily", "delay_windows")
+    assert tis["publish"]["state"] == "success", tis["publish"]
+    assert p.coord.stage("publish").lifecycle is StageLifecycle.CLOSED
+    assert len(_asset_events(cluster, p.dag_id, run_id, "publish")) == 1
+    out = p.work / OUTPUT[p.dag_id] / "output"
+    windows = reference_pipeline(first_days(DAYS)).windows
+    assert_windows_match(
+        ParquetTableSink("delay_windows_parquet", f"{out}/delay_windows").read_pandas(), windows
+    )
+    assert cluster.xcom(p.dag_id, run_id, "publish", key="end_of_data")["drain"] is False
+
+
+def test_a_drain_while_both_sources_run_cuts_the_facts_not_the_dimension(
+    cluster: AirflowCluster, pipeline_factory: Callable[[str], Pipeline]
+) -> None:
+    """Both sources inside their second batch when the drain is requested: ingest (the fact
+    source) stops after it (14 of 21 days), weather (a dimension enrich reads whole) reads all
+    three origins and finishes undrained; every window of the days read equals the pandas
+    reference with complete weather, and the note says exactly what each source read.
+    """
+    p = pipeline_factory(DRAIN_SOURCES_DAG)
+    p.hold("ingest-2", "weather-2")
+    run_id = p.trigger()
+    p.wait(
+        lambda: p.held("ingest-2") and p.held("weather-2"),
+        "both sources inside their second batch",
+        600,
+    )
+    _stop(cluster, p.dag_id, run_id, "drain")
+    p.release("ingest-2", "weather-2")
+    state = cluster.wait_for_run(p.dag_id, run_id, timeout=900)
+    assert state == "success", cluster.log_tails(60)
+    weather = cluster.xcom(p.dag_id, run_id, "weather", key="end_of_data")
+    assert weather["drain"] is False and weather["unread_splits"] == 0, weather
+    assert len(p.finished_splits("weather")) == 3
+    ingest = cluster.xcom(p.dag_id, run_id, "ingest", key="end_of_data")
+    assert ingest["drain"] is True and ingest["unread_splits"] == DAYS - 14, ingest
+    read = first_days(14)
+    out = p.work / OUTPUT[p.dag_id] / "output"
+    assert_windows_match(
+        ParquetTableSink("delay_windows_parquet", f"{out}/delay_windows").read_pandas(),
+        reference_pipeline(read).windows,
+    )
+    stop = p.coord.stop_request()
+    assert stop is not None and stop.state is StopState.COMPLETED
+    by = f" by {stop.requested_by}" if stop.requested_by else ""
+    assert cluster.dag_run(p.dag_id, run_id).get("note") == (
+        f"Drained{by}: stopped taking input and published everything read so far at drained "
+        f"savepoint {stop.savepoint_id}. {DAYS - 14} input splits were left unread (splits "
+        f"read: ingest 14/{DAYS}, weather 3/3). A drained run cannot be resumed."
+    )

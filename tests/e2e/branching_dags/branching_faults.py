@@ -1,6 +1,7 @@
 """Copies of the branching example pipeline for tests/e2e/test_branching_faults.py (a triggerer
 SIGKILL while a finished branch waits deferred; stop with savepoint and with drain while both
-branches run), each with its own output under ``$FINALCKPT_E2E_WORK/<name>/output`` and paced by
+branches run; one branch failing on every try while the other waits), each with its own output
+under ``$FINALCKPT_E2E_WORK/<name>/output`` and paced by
 gate files the test creates and removes, so what runs at the same time does not depend on the
 machine's load.
 
@@ -56,19 +57,37 @@ def _pace(dag_id: str, stage: str) -> Callable[[object], None]:
     return pace
 
 
-def _copy(dag_id: str, name: str) -> object:
+def _pace_or_fail(dag_id: str, stage: str) -> Callable[[object], None]:
+    """``_pace``, then fail the batch while ``<stage>.fail`` exists in the DAG's gate
+    directory: every try of the stage fails from then on (each try is a new process).
+    """
+    pace = _pace(dag_id, stage)
+
+    def pace_or_fail(ctx: object) -> None:
+        pace(ctx)
+        if (gate_dir(dag_id) / f"{stage}.fail").exists():
+            raise RuntimeError(f"injected failure of {stage} (test gate {stage}.fail)")
+
+    return pace_or_fail
+
+
+def _copy(
+    dag_id: str,
+    name: str,
+    hook: Callable[[str, str], Callable[[object], None]] = _pace,
+    *,
+    paced: tuple[str, ...] = ("delay_windows", "carrier_daily"),
+    sizes: dict[str, int] | None = None,
+) -> object:
     return build_branching_dag(
         dag_id,
         input_dir=str(WORK / "input"),
         output_dir=str(WORK / name / "output"),
         days=DAYS,
         retries=1,
-        batch_sizes=BATCH_SIZES,
+        batch_sizes={**BATCH_SIZES, **(sizes or {})},
         spark_conf=SPARK_CONF,
-        batch_hooks={
-            "delay_windows": _pace(dag_id, "delay_windows"),
-            "carrier_daily": _pace(dag_id, "carrier_daily"),
-        },
+        batch_hooks={stage: hook(dag_id, stage) for stage in paced},
         windows_asset=f"{dag_id}_delay_windows",
         carrier_asset=f"{dag_id}_carrier_daily",
     )
@@ -80,3 +99,13 @@ triggerer_dag = _copy("branching_faults_triggerer", "triggerer")
 savepoint_dag = _copy("branching_faults_savepoint", "savepoint")
 # stop with drain while both branches run
 drain_dag = _copy("branching_faults_drain", "drain")
+# one branch fails on every try while the other finished and waits for its final checkpoint
+fail_windows_dag = _copy("branching_faults_fail_windows", "fail_windows", _pace_or_fail)
+fail_carrier_dag = _copy("branching_faults_fail_carrier", "fail_carrier", _pace_or_fail)
+# stop with drain while both sources run: weather (one origin per batch) is a dimension
+drain_sources_dag = _copy(
+    "branching_faults_drain_sources",
+    "drain_sources",
+    paced=("ingest", "weather"),
+    sizes={"weather": 1},
+)
