@@ -33,7 +33,7 @@ from sqlalchemy import Engine
 
 from airflow_finalckpt.coordination.checkpointing import Checkpointing, Tx
 from airflow_finalckpt.coordination.queries import CoordinatorReads
-from airflow_finalckpt.coordination.restoring import apply_restore, check_start
+from airflow_finalckpt.coordination.restoring import apply_restore, check_start, claim_drive
 from airflow_finalckpt.core import failure
 from airflow_finalckpt.core import transitions as rules
 from airflow_finalckpt.core import transitions_boundary as boundary_rules
@@ -135,6 +135,8 @@ class Coordinator(CoordinatorReads):
         record: CheckpointRecord | None = None,
         source: str | None = None,
         allow_drop_stages: Collection[str] = (),
+        driver: tuple[str, str] | None = None,
+        take_over: bool = False,
     ) -> StartOutcome:
         """Start (or continue) the pipeline on ``graph``: the one entry every stage attempt
         goes through, so every start from existing progress runs the same graph-change check.
@@ -150,8 +152,12 @@ class Coordinator(CoordinatorReads):
           never started or are named in ``allow_drop_stages``;
         * the same fingerprint (a retry of the unchanged DAG, the run's other tasks): no check.
 
-        Raises IllegalGraphChangeError / DrainedSavepointError / ForeignCheckpointError /
-        MetadataError with the store unchanged (a new pipeline is not even created).
+        ``driver``: the (dag_id, run_id) starting the attempt: another DAG run that still drives
+        the pipeline refuses it unless ``take_over`` (``core.driving``).
+
+        Raises PipelineDrivenError / IllegalGraphChangeError / DrainedSavepointError /
+        ForeignCheckpointError / MetadataError with the store unchanged (a new pipeline is not
+        even created).
         """
         opts = options or CoordinatorOptions()
         now = self.clock()
@@ -166,8 +172,11 @@ class Coordinator(CoordinatorReads):
             "updated_at": now,
         }
         with self._transition(create=create) as tx:
+            drives = driver is not None and claim_drive(tx, driver, take_over=take_over, now=now)
             plan, change = check_start(tx, graph, record, source, allow_drop_stages)
             # every check passed: from here on the transaction writes
+            if drives and driver is not None:
+                tx.rows.set_driver(*driver)
             tx.rows.write_graph(graph, opts, now)
             if plan is not None and record is not None:
                 apply_restore(self._ops, tx, plan, record, str(source), now)

@@ -37,6 +37,10 @@ class CoordinatorReads:
         """
         return TaskTry.from_dict(self.store.published_by(stage_id))
 
+    def driver(self) -> tuple[str, str] | None:
+        """(dag_id, run_id) of the DAG run driving the pipeline (``core.driving``)."""
+        return self.store.driver()
+
     def dag_runs(self) -> list[tuple[str, str]]:
         """The (dag_id, run_id) pairs of the DAG runs this pipeline run spans, oldest first."""
         return self.store.dag_runs()

@@ -10,6 +10,7 @@ from collections.abc import Collection
 from airflow_finalckpt.coordination.checkpointing import Checkpointing, Tx
 from airflow_finalckpt.core import failure
 from airflow_finalckpt.core import transitions_stage as stage_rules
+from airflow_finalckpt.core.driving import DagRunRef, check_drive
 from airflow_finalckpt.core.errors import UnknownStageError
 from airflow_finalckpt.core.failure import CheckpointFailureReason
 from airflow_finalckpt.core.graph import StageGraph
@@ -25,6 +26,17 @@ from airflow_finalckpt.core.restore import (
     plan_graph_change,
     plan_restore,
 )
+
+
+def claim_drive(tx: Tx, me: tuple[str, str], *, take_over: bool, now: float) -> bool:
+    """Before anything is written: may DAG run ``me`` drive the pipeline (``core.driving``)?
+    True if it becomes the driver (the caller records it once its checks passed).
+    """
+    driver = tx.rows.driver
+    mine = DagRunRef(*me, joined_at=tx.rows.joined_at(*me))
+    current = None if driver is None else DagRunRef(*driver, joined_at=tx.rows.joined_at(*driver))
+    live = tx.rows.live_stages(now) if driver is not None and not mine.same_run(current) else []
+    return check_drive(tx.rows.key, current, mine, live, take_over=take_over)
 
 
 def check_start(

@@ -123,6 +123,12 @@ class RecomputeRefusedError(FinalCheckpointError):
     """
 
 
+class PipelineDrivenError(FinalCheckpointError):
+    """Another DAG run drives the pipeline (``core.driving``): this run may not start a stage
+    attempt (it would fence that run's attempts and be fenced back).
+    """
+
+
 #: Errors that a retry cannot fix: the DAG, the conf or the savepoint must change first.
 #: Everything else (database or storage I/O, a stale attempt, a stop in progress) may be
 #: transient and keeps Airflow's retries.
@@ -136,6 +142,7 @@ PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
     ForeignCheckpointError,
     DrainedSavepointError,
     RecomputeRefusedError,
+    PipelineDrivenError,
 )
 
 

@@ -32,6 +32,7 @@ from airflow_finalckpt.core.arguments import (
 )
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, policy_from
 from airflow_finalckpt.core.drain import check_on_drain
+from airflow_finalckpt.core.driving import drive_request
 from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
     InvalidStageArgumentError,
@@ -127,8 +128,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         target_batch_s``, 30 s): a crash redoes at most one batch, a stop with savepoint answers
         within one.
     :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
-    :param on_drain: a drain makes this source ``"stop"`` taking input or ``"complete"`` it;
-        default: complete if no downstream stage takes it as ``primary_input`` (a dimension).
+    :param on_drain: a drain ``"stop"``s or ``"complete"``s this source (default: see core/drain).
     :param allow_split_list_change: resume a started stage whose split list lost splits it
         had finished (inputs removed on purpose); by default that fails the task (permanent).
     :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
@@ -265,7 +265,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         record = storage.read_checkpoint(str(restore_from)) if restore_from else None
         key = record.pipeline_key if record is not None else self._resolve_key(context)
         coordinator: Coordinator = hook.get_coordinator(key)
-        graph = self.pipeline_graph()
+        graph, self._pipeline_key = self.pipeline_graph(), key
         # the one graph-change check of every start from existing progress, before any write
         started = coordinator.start_pipeline(
             graph,
@@ -273,6 +273,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             record=record,
             source=str(restore_from) if restore_from else None,
             allow_drop_stages=parse_allow_drop_stages(conf.get(ALLOW_DROP_STAGES_KEY)),
+            **drive_request(self.dag_id, context["run_id"], conf),
         )
         coordinator.link_dag_run(self.dag_id, context["run_id"])
         if (line := started.describe()) is not None:
@@ -434,6 +435,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             kwargs={"pipeline_key": key, "epoch": closer.epoch},
         )
 
+    @fail_permanent_errors
     def execute_complete(
         self,
         context: Context,

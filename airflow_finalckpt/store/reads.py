@@ -109,6 +109,31 @@ class StoreReader(CheckpointReader):
 
     # ------------------------------------------------------------------ stages
 
+    def live_stages(self, now: float) -> list[str]:
+        """RUNNING stages whose attempt is alive (no lease yet, or a lease not past)."""
+        s = t.stages.c
+        rows = self.conn.execute(
+            select(s.stage_id)
+            .where(
+                s.pipeline_key == self.key,
+                s.lifecycle == StageLifecycle.RUNNING.value,
+                s.lease_until.is_(None) | (s.lease_until > now),
+            )
+            .order_by(s.stage_id)
+        ).scalars()
+        return [str(sid) for sid in rows]
+
+    def joined_at(self, dag_id: str, run_id: str) -> float | None:
+        """When the DAG run joined this pipeline (None: it has not)."""
+        value = self.conn.execute(
+            select(t.dag_runs.c.created_at).where(
+                t.dag_runs.c.dag_id == dag_id,
+                t.dag_runs.c.run_id == run_id,
+                t.dag_runs.c.pipeline_key == self.key,
+            )
+        ).scalar()
+        return None if value is None else float(value)
+
     def stage_rows(self) -> dict[str, StageRow]:
         """Every stage of the pipeline, by stage id."""
         return {

@@ -157,6 +157,18 @@ class CoordinationStore:
         with self.engine.begin() as conn:
             return write_lease(conn, self.pipeline_key, stage_id, epoch, until)
 
+    def driver(self) -> tuple[str, str] | None:
+        """(dag_id, run_id) of the DAG run driving the pipeline, None if none is recorded."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(t.pipelines.c.driver_dag_id, t.pipelines.c.driver_run_id).where(
+                    t.pipelines.c.pipeline_key == self.pipeline_key
+                )
+            ).first()
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        return str(row[0]), str(row[1])
+
     def dag_runs(self) -> list[tuple[str, str]]:
         """The (dag_id, run_id) pairs of this pipeline, oldest first."""
         with self.engine.connect() as conn:

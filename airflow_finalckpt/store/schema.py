@@ -44,6 +44,9 @@ pipelines = Table(
     Column("retain_checkpoints", Integer, nullable=False, default=3),
     Column("checkpoint_timeout_s", Float, nullable=False, default=600.0),
     Column("restored_from", Text, nullable=True),
+    # The DAG run that drives the pipeline (``core.driving``): NULL until a stage task starts.
+    Column("driver_dag_id", KEY, nullable=True),
+    Column("driver_run_id", KEY, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )

@@ -224,6 +224,16 @@ class StoreWriter(StoreReader):
         """Record the restore source and move the id counter past the restored checkpoint."""
         self._update_pipeline(next_checkpoint_id=next_id, restored_from=source, updated_at=now)
 
+    @property
+    def driver(self) -> tuple[str, str] | None:
+        """(dag_id, run_id) of the DAG run driving the pipeline, as locked (None: none yet)."""
+        dag_id, run_id = self.pipeline.get("driver_dag_id"), self.pipeline.get("driver_run_id")
+        return None if dag_id is None or run_id is None else (str(dag_id), str(run_id))
+
+    def set_driver(self, dag_id: str, run_id: str) -> None:
+        """Record the DAG run that drives the pipeline from now on."""
+        self._update_pipeline(driver_dag_id=dag_id, driver_run_id=run_id)
+
     def _update_pipeline(self, **values: Any) -> None:
         self.conn.execute(
             update(t.pipelines).where(t.pipelines.c.pipeline_key == self.key).values(**values)

@@ -78,6 +78,9 @@ def test_branches_defer_on_final_checkpoint_and_survive_sigkill(
             "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "checkpoints"),
             # keep every checkpoint's _metadata for the assertions below
             "AIRFLOW__FINALCKPT__RETAIN_CHECKPOINTS": "100",
+            # the retry (not the lease) answers the checkpoint here: a killed attempt's lease
+            # must outlast the retry's start even under load (docs/protocol.md)
+            "AIRFLOW__FINALCKPT__ATTEMPT_LEASE_S": "900",
             "FINALCKPT_E2E_WORK": str(work),
             "FINALCKPT_E2E_DAYS": str(DAYS),
             "FINALCKPT_EXAMPLE_SQL_URL": pg_url,
