@@ -151,7 +151,7 @@ class Ours:
         """``batch_sizes``: per stage a split count or ``"auto"`` (default: auto everywhere);
         ``target_batch_s``: the auto batches' target duration, for every stage or per stage
         (None / a stage not named: the runtime's default);
-        ``hints``: a ``ThroughputHints`` shared across runs (None: every run probes)."""
+        ``hints``: a ``ThroughputHints`` shared across runs (None: every run starts cold)."""
         from airflow_finalckpt.coordination import Coordinator
         from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
         from airflow_finalckpt.storage import CheckpointStorage

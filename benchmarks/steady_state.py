@@ -11,8 +11,9 @@ batch duration, and checkpoints every ``INTERVAL_S`` seconds; nothing fails.
 
 Our side is one DAG that runs repeatedly: every run of a data set shares one throughput-hints
 root (``StorageThroughputHints``), as the runs of one DAG share theirs beside the checkpoints.
-The first run of a data set probes (a batch of one split per stage, then sized batches); it is
-untimed for the steady state, seeds the hints and is reported on its own line (``ours-cold``).
+The first run of a data set has no hints (ingest probes with one split, the other stages size
+their first batch from their input bytes at a conservative default rate); it is untimed for
+the steady state, seeds the hints and is reported on its own line (``ours-cold``).
 The timed runs size their first batch from the hints: the steady state.
 
 Reported: the median wall time of each side, per stage, ours/plain (whole pipeline and
@@ -115,7 +116,7 @@ def run(
             cold_case = result.case(
                 f"ours-cold/{label}", side="ours, first run (probing)", days=days, row_scale=scale
             )
-            log(f"{name}: {label} cold run of ours (probes, seeds the hints)")
+            log(f"{name}: {label} cold run of ours (no hints yet, seeds them)")
             where = tmp / f"ours-cold-{label}"
             ours = Ours(spark, inputs, where, checkpoint_interval_s=INTERVAL_S, hints=hints)
             _ours_sample(cold_case, ours, ours.run())
@@ -210,7 +211,7 @@ def _report(
     result.targets.append(
         Target(
             name=f"first (cold, probing) run, enrich..publish ours/plain, {label}",
-            target="(reported, not judged: the DAG's first run probes every stage)",
+            target="(reported, not judged: the DAG's first run has no hints)",
             measured=ratio(cold_down, plain_down),
             passed=None,
             note=f"cold ours {cold_down:.2f} s vs plain {plain_down:.2f} s; whole pipeline "

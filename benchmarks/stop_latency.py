@@ -60,7 +60,7 @@ QUICK_TARGET_BATCH_S = 0.01
 def plan(quick: bool) -> dict[str, Any]:
     """Days, row scale, auto batches and their target duration, the batch (1-based) of enrich
     (savepoint) or ingest (drain) during which stop is pressed (batch 2: the first batch sized
-    from the probe), and the press points."""
+    from a measured one), and the press points."""
     if quick:
         return {
             "days": 5,

@@ -4,7 +4,10 @@ A batch is the unit of durability (a crash redoes at most the batch in flight, a
 savepoint answers at the next batch boundary), not of the user's thinking. So its size follows a
 *duration*: ``target_s``. The rules here are pure functions over plain values; the runtime feeds
 them the seconds each batch took and persists the resulting estimate, so a resumed attempt (or
-the next run of the same DAG) starts from what was measured instead of probing again.
+the next run of the same DAG) starts from what was measured. Before anything was measured, a
+stage whose splits have known sizes (input bytes) assumes a conservative throughput
+(``DEFAULT_COLD_BYTES_PER_S``), so a small input runs as one batch; only splits of unknown size
+start with a probe of ``probe_splits``.
 
 Cost model: a batch of weight ``w`` (splits, or input bytes where the splits declare a size)
 takes ``fixed_s + per_unit_s * w``. One sample cannot separate the two, so it is read as all
@@ -24,8 +27,18 @@ from dataclasses import dataclass, field
 #: crash redoes at most ~30 s of work and a stop with savepoint waits at most ~30 s
 #: (docs/benchmarks.md has the measured curve).
 DEFAULT_TARGET_BATCH_S = 30.0
-#: Splits of the very first batch when nothing was measured yet.
+#: Splits of the very first batch when nothing was measured yet and the splits' sizes are unknown
+#: (source splits: a split id says nothing about how much it reads).
 DEFAULT_PROBE_SPLITS = 1
+#: Input bytes per second assumed for the first batch of a stage when nothing was measured yet
+#: but every pending split's size is known (upstream output parts): the batch takes about
+#: ``target_s * cold_bytes_per_s`` bytes, so a stage whose input fits runs as one batch and a big
+#: one starts near the target. Conservative: in the committed steady-state benchmark
+#: (docs/benchmarks.md, local Spark on a loaded machine) ``enrich`` read ingest's Parquet parts
+#: (~41 KB per day, ~15 MB a year at x1, ~10x that at x10) in 12.7 s at x1 (~1.2 MB/s, load
+#: 18-25) and 15.9 s at x10 (~9 MB/s); 1 MB/s under-estimates both, so the first batch lands at
+#: or under the target, and the measured fit sizes the rest.
+DEFAULT_COLD_BYTES_PER_S = 1_000_000.0
 #: Upper bound on splits per batch (a batch is one Spark job reading all its splits).
 DEFAULT_MAX_BATCH_SPLITS = 10_000
 #: A batch may grow at most this many times over the largest batch measured.
@@ -44,6 +57,7 @@ class BatchPolicy:
     fixed: int | None = None
     probe_splits: int = DEFAULT_PROBE_SPLITS
     max_splits: int = DEFAULT_MAX_BATCH_SPLITS
+    cold_bytes_per_s: float = DEFAULT_COLD_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.fixed is not None and (isinstance(self.fixed, bool) or self.fixed < 1):
@@ -52,6 +66,8 @@ class BatchPolicy:
             raise ValueError(f"target_batch_s must be a number > 0, got {self.target_s!r}")
         if self.probe_splits < 1 or self.max_splits < 1:
             raise ValueError("probe_splits and max_splits must be >= 1")
+        if not self.cold_bytes_per_s > 0:
+            raise ValueError(f"cold_bytes_per_s must be > 0, got {self.cold_bytes_per_s!r}")
 
     @property
     def auto(self) -> bool:
@@ -167,18 +183,34 @@ def fit(samples: Sequence[BatchSample], *, by_bytes: bool = False) -> Throughput
     return Throughput(fixed, per_unit, by_bytes, tuple(usable))
 
 
+def cold_throughput(policy: BatchPolicy, *, by_bytes: bool) -> Throughput | None:
+    """The assumed model before anything was measured: the policy's conservative bytes per
+    second when the weights are input bytes; None (probe ``probe_splits``) for split counts.
+    """
+    if not by_bytes:
+        return None
+    return Throughput(0.0, 1.0 / policy.cold_bytes_per_s, by_bytes=True)
+
+
 def next_batch_size(
     policy: BatchPolicy,
     throughput: Throughput | None,
     pending_weights: Sequence[float],
+    *,
+    by_bytes: bool = False,
 ) -> int:
-    """How many of the pending splits (in order, with their weights) the next batch takes."""
+    """How many of the pending splits (in order, with their weights) the next batch takes;
+    ``by_bytes``: the weights are input bytes (sized from ``cold_throughput`` when nothing was
+    measured yet, instead of a probe).
+    """
     pending = len(pending_weights)
     if pending == 0:
         return 0
     if policy.fixed is not None:
         return min(policy.fixed, pending)
     cap = min(policy.max_splits, pending)
+    if throughput is None:
+        throughput = cold_throughput(policy, by_bytes=by_bytes)
     if throughput is None:
         return min(policy.probe_splits, cap)
     # A fixed cost near or over the target cannot be amortized below it: give the work at

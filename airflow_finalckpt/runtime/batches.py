@@ -73,7 +73,7 @@ class BatchSizer:
             return min(self.policy.fixed, len(pending))
         window = pending[: self.policy.max_splits]
         weights = self.weights(window)
-        return next_batch_size(self.policy, self.throughput, weights)
+        return next_batch_size(self.policy, self.throughput, weights, by_bytes=bool(self.by_bytes))
 
     def observe(self, splits: Sequence[str], seconds: float) -> None:
         """Add a measured batch to the samples and refit the throughput."""

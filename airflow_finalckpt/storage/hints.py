@@ -1,8 +1,9 @@
 """Measured batch throughput kept beside the checkpoints, shared by the runs of one scope.
 
 A stage's next attempt, and the next DAG run of the same stage, size their first batch from what
-was measured instead of probing again. A hint is advisory: unreadable or foreign content is
-ignored (the stage probes), and losing it costs one probe batch, never correctness.
+was measured instead of guessing again. A hint is advisory: unreadable or foreign content is
+ignored (the stage sizes its first batch cold: ``core.batching.cold_throughput``), and losing it
+costs one cold batch, never correctness.
 """
 
 from __future__ import annotations

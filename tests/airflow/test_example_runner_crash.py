@@ -33,6 +33,7 @@ dag = build_dag(
     output_dir=OUTPUT,
     days=DAYS,
     retries=0,
+    batch_sizes={"enrich": 1},
     batch_hooks={"enrich": crash_hook(lambda: CRASH[0])},
 )
 """

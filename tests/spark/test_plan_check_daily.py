@@ -1,7 +1,7 @@
 """Issue 24's daily scenario on real Spark: stage 2 groups this day's three input files by
 (event_date, key) and publishes with ``commit_mode="final"`` to Parquet, SQL (plain and with
-``key_columns``), Iceberg and Delta. Whatever the batching (a cold auto run probes one split
-first, a warm one takes the day at once), every sink holds 10 rows with n = 3000.
+``key_columns``), Iceberg and Delta. Whatever the batching (a cold auto run sizes its first
+batch from the parts' bytes, a warm one from the hint), every sink holds 10 rows with n = 3000.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_daily_groupby_is_right_on_the_cold_and_the_warm_run(
         plan = read_batch_plan(storage, f"daily.{run}", "aggregate")
         assert plan is not None and plan.startswith("one batch per attempt: Aggregate")
     said = [r.getMessage() for r in caplog.records if "one batch" in r.getMessage()]
-    # the cold run's probe of one split was widened to the day's three (said with the cause)
+    # the cold run's batches are the day's three pending splits (said with the cause)
     assert any("Aggregate" in m and "3 pending splits run as one batch" in m for m in said)
 
 

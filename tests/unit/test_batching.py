@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from airflow_finalckpt.core.batching import (
+    DEFAULT_COLD_BYTES_PER_S,
     MAX_GROWTH,
     BatchPolicy,
     BatchSample,
     Throughput,
+    cold_throughput,
     fit,
     next_batch_size,
     policy_from,
@@ -31,9 +33,33 @@ def test_fixed_policy_cuts_fixed_batches() -> None:
     assert next_batch_size(BatchPolicy(fixed=3), None, [1.0] * 2) == 2
 
 
-def test_first_batch_is_the_probe() -> None:
+def test_first_batch_of_splits_of_unknown_size_is_the_probe() -> None:
     assert next_batch_size(BatchPolicy(probe_splits=2), None, [1.0] * 100) == 2
+    assert next_batch_size(BatchPolicy(), None, [1.0] * 100) == 1
     assert next_batch_size(BatchPolicy(), None, []) == 0
+    assert cold_throughput(BatchPolicy(), by_bytes=False) is None
+
+
+def test_a_cold_stage_whose_input_fits_the_target_runs_as_one_batch() -> None:
+    # 20 upstream parts of 1 MB: 20 MB <= 30 s at the default 1 MB/s, no probe
+    assert DEFAULT_COLD_BYTES_PER_S * 30 >= 20e6
+    assert next_batch_size(BatchPolicy(target_s=30), None, [1e6] * 20, by_bytes=True) == 20
+    # the same splits weighed as counts (sizes unknown) still probe
+    assert next_batch_size(BatchPolicy(target_s=30), None, [1e6] * 20) == 1
+
+
+def test_a_cold_stage_with_big_input_starts_with_a_batch_near_the_target() -> None:
+    policy = BatchPolicy(target_s=10, cold_bytes_per_s=2e6)  # 20 MB per batch
+    assert next_batch_size(policy, None, [3e6] * 100, by_bytes=True) == 6  # 18 MB, 7 is 21 MB
+    # one part bigger than the budget is still a batch of its own
+    assert next_batch_size(policy, None, [50e6, 30e6], by_bytes=True) == 1
+    # a tiny target splits even a small input
+    assert next_batch_size(BatchPolicy(target_s=0.001), None, [1e4] * 5, by_bytes=True) == 1
+    # a measured model wins over the cold default (10 s at 1 byte/s: 10 bytes)
+    measured = Throughput(0.0, 1.0, by_bytes=True, samples=(BatchSample(1, 1.0, 1.0),))
+    assert next_batch_size(policy, measured, [1.0] * 100, by_bytes=True) == 10
+    with pytest.raises(ValueError, match="cold_bytes_per_s must be > 0"):
+        BatchPolicy(cold_bytes_per_s=0)
 
 
 def test_one_sample_is_read_as_all_per_split_cost_so_the_next_batch_never_overshoots() -> None:

@@ -75,8 +75,8 @@ def run_example_locally(
 
     ``batch_sizes``: per stage, ``"auto"`` (default) or a split count; ``target_batch_s``: the
     auto batches' target seconds, for every stage or per stage (default: the runtime's);
-    ``hints``: where measured batch throughput is kept between runs (None: every run probes
-    afresh).
+    ``hints``: where measured batch throughput is kept between runs (None: every run starts
+    cold).
     """
     coordinator.register(example_graph())
     layout = open_layout(input_dir)

@@ -42,6 +42,9 @@ CRASH_SPEC = "enrich:1"
 #: enrich's splits are ingest's output parts, at most one per day: one day is one split, and a
 #: crash cannot land between two batches of one split.
 MIN_CRASH_DAYS = 2
+#: With the crash hook, enrich runs one split per batch: a cold auto run sizes its first batch
+#: from the parts' bytes and would read a small input in one batch, leaving no batch 2.
+CRASH_BATCH_SIZES = {"enrich": 1}
 #: What ``--lakehouse`` needs (the ``lakehouse`` extra).
 LAKEHOUSE_MODULES = ("pyiceberg", "deltalake")
 
@@ -75,8 +78,8 @@ def _migrate_airflow() -> None:
 
 def _load_dag(crash: Callable[[], str | None] | None = None) -> Any:
     """The DAG of ``dags/nycflights13_branching.py``; with ``crash`` (the crash spec, read when
-    a batch runs) the same DAG built by its factory with the demo's crash hook on enrich and no
-    retries (the DAG file has no test knobs).
+    a batch runs) the same DAG built by its factory with the demo's crash hook on enrich, one
+    split per enrich batch and no retries (the DAG file has no test knobs).
     """
     spec = importlib.util.spec_from_file_location(
         "nycflights13_branching", REPO_DAGS / "nycflights13_branching.py"
@@ -95,6 +98,7 @@ def _load_dag(crash: Callable[[], str | None] | None = None) -> Any:
         doc_md=module.__doc__,
         lakehouse=os.environ.get("FINALCKPT_EXAMPLE_LAKEHOUSE") == "1",
         retries=0,
+        batch_sizes=CRASH_BATCH_SIZES,
         batch_hooks={"enrich": crash_hook(crash)},
         **env_settings(),
     )
