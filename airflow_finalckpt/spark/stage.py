@@ -22,6 +22,7 @@ from pyspark.sql.types import StructType
 from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
 from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan
+from airflow_finalckpt.pyspark_compat import local_copy
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.spark.plans import InputTags, plan_tree
@@ -145,7 +146,7 @@ class BatchContext:
             return self.logic.tagged(built, Input.CONSTANT)
         local, frame = cast(tuple[bool, DataFrame], held)
         if not local:
-            frame = self.spark.createDataFrame(frame.toArrow(), schema=frame.schema)
+            frame = local_copy(self.spark, frame)
             memo[key] = (True, frame)
         return self.logic.tagged(frame, Input.CONSTANT)
 

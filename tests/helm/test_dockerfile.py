@@ -33,11 +33,12 @@ def _pyproject() -> dict:
 
 
 def _airflow_pin() -> str:
-    for requirement in _pyproject()["project"]["optional-dependencies"]["airflow"]:
-        match = re.fullmatch(r"apache-airflow==([0-9.]+)", requirement.strip())
+    """The Airflow version CI's newest lane tests (constraints/newest.txt)."""
+    for line in (REPO / "constraints" / "newest.txt").read_text().splitlines():
+        match = re.fullmatch(r"apache-airflow==([0-9.]+)", line.strip())
         if match:
             return match.group(1)
-    raise AssertionError("pyproject.toml pins no apache-airflow version in the airflow extra")
+    raise AssertionError("constraints/newest.txt pins no apache-airflow version")
 
 
 def test_from_pins_the_airflow_version_and_python_of_pyproject() -> None:
@@ -46,8 +47,23 @@ def test_from_pins_the_airflow_version_and_python_of_pyproject() -> None:
     match = re.fullmatch(r"apache/airflow:(\d+\.\d+\.\d+)-python(\d+\.\d+)", froms[0])
     assert match, f"FROM must be apache/airflow:<version>-python<x.y>, got {froms[0]!r}"
     assert match.group(1) == _airflow_pin()
-    requires = _pyproject()["project"]["requires-python"]  # ">=3.11,<3.12"
+    requires = _pyproject()["project"]["requires-python"]  # ">=3.11"
     assert f">={match.group(2)}" in requires
+    # and it is a Python CI tests (the classifiers name those)
+    assert (
+        f"Programming Language :: Python :: {match.group(2)}"
+        in _pyproject()["project"]["classifiers"]
+    )
+
+
+def test_pins_pyspark_and_pyspark_client_to_the_tested_version() -> None:
+    """Unpinned, pip would pair the newest pyspark with an older pyspark-client (one package)."""
+    newest = (REPO / "constraints" / "newest.txt").read_text()
+    tested = re.search(r"^pyspark==([0-9.]+)$", newest, re.M)
+    assert tested
+    assert f"ARG PYSPARK_VERSION={tested.group(1)}" in DOCKERFILE.read_text()
+    pip = " ".join(a for k, a in _instructions() if k == "RUN" and "pip install" in a)
+    assert '"pyspark==${PYSPARK_VERSION}" "pyspark-client==${PYSPARK_VERSION}"' in pip
 
 
 def test_no_floating_tags() -> None:

@@ -153,8 +153,12 @@ def importable_elsewhere(module: str) -> bool:
 
 
 def pickle_code(payload: Mapping[str, Any], stage_id: str) -> bytes:
-    """Cloudpickle the stage's code; a clear error when something cannot be pickled."""
-    from pyspark import cloudpickle
+    """Cloudpickle the stage's code; a clear error when something cannot be pickled.
+
+    The cloudpickle package, not pyspark's bundled copy: the driver (the cluster's pyspark,
+    3.5 or 4.x) unpickles with the same package, whatever cloudpickle its pyspark bundles.
+    """
+    import cloudpickle
 
     by_value = _unimportable_modules([v for v in payload.values() if callable(v)])
     for module in by_value:
