@@ -39,9 +39,14 @@ case "$lane" in
   spark35)
     venv=.venv-spark35
     extras=spark,postgres,examples,lakehouse,dev
+    # the files verified on 3.5 (a new driver-side test joins once it passes there)
     tests=(
       tests/spark35
-      tests/spark
+      tests/spark/test_bad_input.py
+      tests/spark/test_gc_pipeline.py
+      tests/spark/test_runtime_lakehouse.py
+      tests/spark/test_runtime_pipeline.py
+      tests/spark/test_stage_values.py
       tests/integration/test_windows_spark.py
       tests/integration/test_sinks_spark.py
       tests/integration/test_sinks_sql_spark.py

@@ -30,10 +30,12 @@ PY
 rm -f "$report"
 # the driver-side lane: the same pins, pyspark 3.5 (SPARK35) and no pyspark-client
 SPARK35=${SPARK35:-$(sed -n 's/^pyspark==\(3\.5\.[0-9]*\)$/\1/p' constraints/spark35.txt 2>/dev/null)}
+PY4J=${PY4J:-$(sed -n 's/^py4j==//p' constraints/spark35.txt 2>/dev/null)}
 {
   echo "# CI's spark35 lane (scripts/lane.sh spark35): constraints/newest.txt with pyspark $SPARK35 and"
-  echo "# no pyspark-client (no Airflow there). scripts/refresh_constraints.sh wrote it."
-  grep -v '^#' constraints/newest.txt | grep -v '^pyspark-client==' \
-    | sed "s/^pyspark==.*/pyspark==$SPARK35/"
+  echo "# no pyspark-client (no Airflow there) and its py4j. scripts/refresh_constraints.sh wrote it."
+  # py4j: the one pyspark $SPARK35 pins (PY4J)
+  { grep -v '^#' constraints/newest.txt | grep -v -e '^pyspark-client==' -e '^py4j==' \
+      | sed "s/^pyspark==.*/pyspark==$SPARK35/"; echo "py4j==$PY4J"; } | sort -f
 } > constraints/spark35.txt
 echo "==> constraints/newest.txt: $(grep -vc '^#' constraints/newest.txt) pins, pyspark $PYSPARK"
