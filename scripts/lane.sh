@@ -3,14 +3,14 @@
 #
 #   floors   .venv-floors, constraints/floors.txt: pyproject.toml's declared floors (Airflow
 #            3.3.0, Spark provider 6.0.0, pyspark 4.0.1, pyiceberg 0.11.0, deltalake 1.1.0,
-#            OpenLineage provider 2.10.0) with everything else at its newest. Runs tests/airflow
-#            without the dag.test() scenarios the newest lane covers, except the branching one
-#            (operator, decorator, sensor, triggers, plugin and its API, provider info,
-#            OpenLineage, restore entry points, the branching DAG through every sink) and the
+#            OpenLineage provider 2.10.0) with everything else at its newest. Runs the Airflow
+#            API tests (operator, sensor, triggers, plugin and its API app, provider info,
+#            OpenLineage), the branching DAG through dag.test() into every sink, and the
 #            lakehouse sinks.
 #   spark35  .venv-spark35, constraints/spark35.txt: the driver side on pyspark 3.5 with no
-#            Airflow installed: the Spark-driver tests and the example's stages (tests/spark,
-#            the Spark tests of tests/integration, tests/spark35).
+#            Airflow installed: a submitted driver running an example stage (tests/spark35),
+#            the example's four stages through the runtime, state and broadcast tables, windows,
+#            and every sink's Spark write.
 #
 #   scripts/lane.sh NAME [--install-only] [pytest args...]
 #
@@ -24,16 +24,19 @@ case "$lane" in
   floors)
     venv=.venv-floors
     extras=airflow,spark,postgres,examples,lakehouse,lineage,dev
-    # the newest lane runs these dag.test() scenarios; one full DAG (branching) runs here
+    # the Airflow and provider APIs the package uses, and one whole DAG (the branching example
+    # through dag.test() into every sink); the newest lane runs the other dag.test() scenarios
     tests=(
-      tests/airflow
+      tests/airflow/test_api_app.py
+      tests/airflow/test_plugin.py
+      tests/airflow/test_provider.py
+      tests/airflow/test_operator_settings.py
+      tests/airflow/test_stage_operator.py
+      tests/airflow/test_sensor.py
+      tests/airflow/test_triggers.py
+      tests/airflow/test_openlineage.py
+      tests/airflow/test_branching_dag.py
       tests/integration/test_sinks_lakehouse.py
-      --ignore=tests/airflow/test_asset_events.py
-      --ignore=tests/airflow/test_checkpoint_metrics.py
-      --ignore=tests/airflow/test_example_dag.py
-      --ignore=tests/airflow/test_example_runner_crash.py
-      --ignore=tests/airflow/test_restore_dag.py
-      --ignore=tests/airflow/test_route_totals_dag.py
     )
     ;;
   spark35)
@@ -42,19 +45,12 @@ case "$lane" in
     # the files verified on 3.5 (a new driver-side test joins once it passes there)
     tests=(
       tests/spark35
-      tests/spark/test_bad_input.py
-      tests/spark/test_gc_pipeline.py
-      tests/spark/test_runtime_lakehouse.py
       tests/spark/test_runtime_pipeline.py
       tests/spark/test_stage_values.py
       tests/integration/test_windows_spark.py
       tests/integration/test_sinks_spark.py
       tests/integration/test_sinks_sql_spark.py
       tests/integration/test_sinks_lakehouse.py
-      tests/integration/test_nycflights_transforms.py
-      # these two build an Airflow DAG / record Airflow's metrics: the newest lane runs them
-      --deselect tests/spark/test_bad_input.py::test_duplicate_stage_id_and_cycle_in_dag
-      --deselect tests/spark/test_runtime_lakehouse.py::test_example_pipeline_publishes_to_iceberg_and_delta_exactly_once
     )
     # the task side's pickles come from the newest lane's pyspark 4.x (tests/spark35)
     if [ -x .venv/bin/python ]; then
