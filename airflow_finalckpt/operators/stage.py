@@ -110,8 +110,6 @@ class FinalCheckpointStageOperator(BaseOperator):
         is the batch's output (read by downstream stages, written to ``sinks``).
     :param on_finish: called once at finish() (end of input or drain): flush state, e.g. fire
         every open event-time window.
-    :param stage_id: the stage's id in the pipeline graph (default: the task id); kept when a
-        task is renamed, so a savepoint still restores into it.
     :param splits: the split ids of a source stage (list or callable); a stage with upstream
         stages defaults to its ``primary_input``'s output parts.
     :param primary_input: the upstream stage whose output parts are this stage's splits
@@ -129,29 +127,12 @@ class FinalCheckpointStageOperator(BaseOperator):
     :param target_batch_s: how long an auto batch should take (default: ``[finalckpt]
         target_batch_s``, 30 s): a crash redoes at most one batch, a stop with savepoint answers
         within one.
-    :param checkpoint_interval: seconds (or a ``timedelta``) between the periodic checkpoints
-        this stage triggers while it runs (default: ``[finalckpt] checkpoint_interval_s``, 60 s).
-        Shorter: outputs are committed sooner in ``progressive`` mode and a crash redoes less;
-        longer: fewer checkpoints to write. A stage's final checkpoint does not wait for it.
     :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
     :param on_drain: a drain ``"stop"``s or ``"complete"``s this source (default: see core/drain).
     :param allow_split_list_change: resume a started stage whose split list lost splits it
         had finished (inputs removed on purpose); by default that fails the task (permanent).
     :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
         connection's master (``spark_default``), else ``local[*]``.
-    :param spark_conf: Spark settings of the stage's session (``spark.*`` keys); on Spark
-        Connect only these are applied (the server owns the rest).
-    :param spark_conn_id: the Spark connection: its master, and its extras ``deploy-mode`` and
-        ``finalckpt-execution`` choose where the driver runs (docs/spark-cluster.md).
-    :param finalckpt_conn_id: the coordination store's connection (``postgres`` or
-        ``sqlite``); the default ``finalckpt_default`` is optional (without it:
-        ``[finalckpt] store_url``), any other id must exist.
-    :param poll_interval: seconds between the deferred waits' store reads (final checkpoint,
-        resume after a savepoint: at least 1 s there).
-    :param spark_execution: ``in-process``, ``submit`` or ``connect`` (default: from the
-        connection, then ``[finalckpt] spark_execution``, else automatic from the master).
-    :param spark_deploy_mode: ``client`` or ``cluster`` for ``submit`` (default: the
-        connection's ``deploy-mode`` extra, else ``client``).
     """
 
     template_fields: Sequence[str] = ("pipeline_key", "spark_master")

@@ -21,6 +21,7 @@ from airflow_finalckpt.examples.nycflights13.stages import ingest_transform
 from airflow_finalckpt.runtime.assembly import StageJob
 from airflow_finalckpt.runtime.runner import CommitMode, StageSpec
 from airflow_finalckpt.spark.job import DriverJob, Files
+from airflow_finalckpt.spark.secrets import code_key, seal_code
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
@@ -51,7 +52,8 @@ def main(input_dir: str, storage_uri: str, store_url: str, key: str) -> str:
     )
     files = Files(storage, key, "ingest")
     code = cloudpickle.dumps({"transform": ingest_transform(input_dir)})
-    files.write(job.submission_id, "code.pkl", code)
+    # sealed as the operator seals it (no [finalckpt] code_signing_key: derived from the store)
+    files.write(job.submission_id, "code.pkl", seal_code(code, code_key(None, store_url)))
     return files.write(job.submission_id, "spec.json", job.to_json())
 
 
