@@ -129,6 +129,12 @@ class PipelineDrivenError(FinalCheckpointError):
     """
 
 
+class SplitListChangedError(FinalCheckpointError):
+    """A finished stage declares another split list than the one it finished: new input
+    would be skipped if its finished output were re-published.
+    """
+
+
 #: Errors that a retry cannot fix: the DAG, the conf or the savepoint must change first.
 #: Everything else (database or storage I/O, a stale attempt, a stop in progress) may be
 #: transient and keeps Airflow's retries.
@@ -143,6 +149,7 @@ PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
     DrainedSavepointError,
     RecomputeRefusedError,
     PipelineDrivenError,
+    SplitListChangedError,
 )
 
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from airflow_finalckpt.core.errors import StageDefinitionError
+from airflow_finalckpt.core.errors import SplitListChangedError, StageDefinitionError
 from airflow_finalckpt.core.metadata.envelope import json_sha256
+
+#: The rule a finished stage whose declared split list changed breaks (named in its error).
+FINISHED_SPLIT_LIST_RULE = "finished-stage-split-list-changed"
 
 
 def split_list_fingerprint(splits: Sequence[str]) -> str:
@@ -87,4 +90,24 @@ def check_finished_splits_declared(
         "so resuming could process their data twice; declare them again, or pass "
         f"{ALLOW_ARGUMENT}=True to the stage's operator if those inputs were removed on purpose "
         "(their committed output stays)"
+    )
+
+
+def check_finished_split_list(
+    stage_id: str,
+    recorded: str | None,
+    declared: Sequence[str],
+) -> None:
+    """A finished stage is re-published only with the split list it finished: new or late
+    input (a reused pipeline key, a file added to a finished day) must never be skipped
+    silently. Raises ``SplitListChangedError`` naming the rule and the ways out.
+    """
+    if recorded is None or recorded == split_list_fingerprint(declared):
+        return
+    raise SplitListChangedError(
+        f"stage {stage_id!r} is finished but now declares another list of {len(declared)} "
+        f"splits (rule {FINISHED_SPLIT_LIST_RULE}): re-publishing it "
+        "would skip the new input; run it under a new pipeline key (the default, one per DAG "
+        "run: drop pipeline_key from the conf), reset the stage to recompute it (finalckpt "
+        "reset), or declare the splits it finished with"
     )

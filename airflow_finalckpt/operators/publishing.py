@@ -6,12 +6,11 @@ commit. Plain functions over the task's values, so the operator only wires them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import Asset
 
-from airflow_finalckpt.core.arguments import check_splits
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.ports import CoordinatorPort
@@ -58,22 +57,6 @@ def upstream_manifests(
             )
         manifests[up_stage] = list(EndOfData.model_validate(doc).manifest)
     return manifests
-
-
-def declared_splits(
-    stage_id: str,
-    splits: Sequence[str] | Callable[[], Sequence[str]] | None,
-    primary_input: str | None,
-    manifests: Mapping[str, list[str]],
-) -> list[str]:
-    """The stage's splits in declared order: its own (a list or a callable), else its primary
-    input's output parts.
-    """
-    if callable(splits):  # a list was checked when the DAG was parsed; a callable's result now
-        return list(check_splits(stage_id, splits()))
-    if splits is not None:
-        return list(splits)
-    return primary_splits(stage_id, primary_input, manifests)
 
 
 def commit_extra(coordinator: CoordinatorPort, stage_id: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ downstream tasks (and Asset consumers) never see uncommitted data.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_d
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.hooks.masking import code_signing_key, mask_task_secrets
 from airflow_finalckpt.lineage import stage_lineage
+from airflow_finalckpt.operators import scheduling
 from airflow_finalckpt.operators.arguments import check_deploy_mode, check_execution, check_sinks
 from airflow_finalckpt.operators.attempt import StageRun, coordinator_options
 from airflow_finalckpt.operators.drain import drain_behaviour
@@ -56,7 +57,6 @@ from airflow_finalckpt.operators.publishing import (
     STAGE_RUN_KEY,
     announce_commit,
     commit_extra,
-    declared_splits,
     log_resume_point,
     primary_splits,
     publish_end_of_data,
@@ -103,18 +103,18 @@ __all__ = [  # the XCom keys and publishing helpers keep their former import pat
 SPARK_SUBMISSION_KEY = "spark_submission"
 
 
-class FinalCheckpointStageOperator(BaseOperator):
+class FinalCheckpointStageOperator(scheduling.RendersSinksOnCopies, BaseOperator):
     """Run a PySpark stage with exactly-once output committed at its final checkpoint.
 
     :param transform: ``transform(ctx) -> DataFrame | None`` called per split batch; the frame
         is the batch's output (read by downstream stages, written to ``sinks``).
     :param on_finish: called once at finish() (end of input or drain): flush state, e.g. fire
         every open event-time window.
-    :param splits: the split ids of a source stage (list or callable); a stage with upstream
-        stages defaults to its ``primary_input``'s output parts.
+    :param splits: a source stage's split ids: a list, or a callable of the run's ``RunContext``
+        (or of nothing); default: the ``primary_input``'s parts (``allow_empty=False``: none fails).
     :param primary_input: the upstream stage whose output parts are this stage's splits
         (default: the only upstream stage).
-    :param sinks: two-phase-commit sinks the batch outputs go to.
+    :param sinks: two-phase-commit sinks (their ``template_fields`` are rendered per run).
     :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
         run id, or ``dag_run.conf["pipeline_key"]``).
     :param batch_size: ``"auto"`` (default): batches sized from measured throughput to last
@@ -135,7 +135,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         connection's master (``spark_default``), else ``local[*]``.
     """
 
-    template_fields: Sequence[str] = ("pipeline_key", "spark_master")
+    template_fields: Sequence[str] = ("pipeline_key", "spark_master", "sinks")
     ui_color = "#fde2c4"
     #: "Pipeline": the pipeline page of the task's DAG run in the Airflow UI
     operator_extra_links = (PipelinePageLink(),)
@@ -146,7 +146,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         transform: Transform | None = None,
         on_finish: Transform | None = None,
         stage_id: str | None = None,
-        splits: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+        splits: scheduling.SplitsArg | None = None,
         primary_input: str | None = None,
         sinks: Sequence[TwoPhaseCommitSink] = (),
         pipeline_key: str | None = None,
@@ -164,6 +164,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         spark_deploy_mode: str | None = None,
         on_drain: str | None = None,
         allow_split_list_change: bool = False,
+        allow_empty: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -205,6 +206,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         self.allow_split_list_change = check_bool(
             stage_id, "allow_split_list_change", allow_split_list_change
         )
+        scheduling.check_slices(stage_id, self.sinks, self.commit_mode)
+        self.allow_empty = check_bool(stage_id, "allow_empty", allow_empty)
         self.on_drain = check_on_drain(self.stage_id, on_drain)
         self._spark: SparkSession | None = None
 
@@ -286,7 +289,9 @@ class FinalCheckpointStageOperator(BaseOperator):
             self.stage_id, self.dag_id, context["run_id"]
         )
 
-        splits, manifests = self._splits(context)
+        upstream = [(up.task_id, up.stage_id) for up in self._upstream_stage_tasks()]
+        manifests = upstream_manifests(context["ti"], self.stage_id, upstream)
+        splits = scheduling.declared_splits(self, manifests, context)
         run = self._run_stage(context, key, coordinator, settings, storage, splits, manifests)
         result = run.result
         context["ti"].xcom_push(
@@ -361,9 +366,10 @@ class FinalCheckpointStageOperator(BaseOperator):
         client mode or Spark Connect), or in a driver submitted through ``spark-submit``.
         """
         target = self._spark_target()
-        job = self._stage_job(key, settings, splits, manifests)
+        job = self._stage_job(key, settings, splits, manifests, context)
         code = StageCode(self._transform(), self.on_finish, tuple(self.sinks))
-        if target.mode is ExecutionMode.SUBMIT and not self._already_finished(coordinator):
+        finished = coordinator.stage(self.stage_id).lifecycle.is_finished
+        if target.mode is ExecutionMode.SUBMIT and not finished:
             return self._run_submitted(context, coordinator, settings, storage, job, code)
         runner = assemble_runner(
             coordinator, storage, job, code, spark_logic(self._spark_session), log=self.log
@@ -382,6 +388,7 @@ class FinalCheckpointStageOperator(BaseOperator):
         settings: Any,
         splits: Sequence[str],
         manifests: Mapping[str, list[str]],
+        context: Context,
     ) -> StageJob:
         """The attempt as plain values: the operator's arguments over ``[finalckpt]``."""
         interval = self.checkpoint_interval or settings.checkpoint_interval_s
@@ -401,6 +408,7 @@ class FinalCheckpointStageOperator(BaseOperator):
             ),
             upstream_manifests=dict(manifests),
             hints_scope=hints_scope(self.dag_id),
+            run=scheduling.run_context_of(context),
         )
 
     def _target_batch_s(self, settings: Any) -> float:
@@ -479,13 +487,8 @@ class FinalCheckpointStageOperator(BaseOperator):
         doc = publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
         if coordinator is not None:
             record_publication(coordinator, self.stage_id, context)
+            scheduling.warn_repeated_dates(coordinator, self, context, republish=republish)
         return doc
-
-    def _splits(self, context: Context) -> tuple[list[str], dict[str, list[str]]]:
-        upstream = [(up.task_id, up.stage_id) for up in self._upstream_stage_tasks()]
-        manifests = upstream_manifests(context["ti"], self.stage_id, upstream)
-        splits = declared_splits(self.stage_id, self.splits, self.primary_input, manifests)
-        return splits, manifests
 
     def _transform(self) -> Transform:
         if self.transform is None:
@@ -526,10 +529,6 @@ class FinalCheckpointStageOperator(BaseOperator):
             )
             self._resolved_target = target
         return target
-
-    def _already_finished(self, coordinator: Coordinator) -> bool:
-        """A finished or closed stage submits no Spark job: the in-process path skips it."""
-        return coordinator.stage(self.stage_id).lifecycle.is_finished
 
     def _run_submitted(
         self,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.runtime.runner import Log, Progress, StageLogic, StageRunner, StageSpec
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
@@ -40,6 +41,8 @@ class StageJob:
     upstream_manifests: Mapping[str, Sequence[str]] = field(default_factory=dict)
     #: Where measured batch throughput is shared between runs (the DAG); None: not kept.
     hints_scope: str | None = None
+    #: The Airflow run the stage works for (logical date, data interval, params, conf).
+    run: RunContext = field(default_factory=RunContext)
 
 
 class LogicFactory(Protocol):

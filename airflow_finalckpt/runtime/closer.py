@@ -71,9 +71,14 @@ class StageCloser:
         self.gc_source = gc_source
 
     def commit_covered(self) -> int:
-        """Commit every transaction a completed checkpoint covers (idempotent, fenced)."""
+        """Commit every transaction a completed checkpoint covers (idempotent, fenced). A sink
+        that owns a slice (``replace_slice``) takes all of its transactions in one commit that
+        replaces the slice (only a final commit covers them all: progressive commits are
+        refused with a slice when the DAG is parsed).
+        """
         assert self.epoch is not None
         committed = 0
+        groups: dict[str, list[SinkTransaction]] = {}
         for txn in self.coordinator.committable_transactions(self.stage_id):
             sink = self.sinks.get(txn.sink_id)
             if sink is None:
@@ -81,6 +86,9 @@ class StageCloser:
                     f"stage {self.stage_id!r} has a transaction for sink {txn.sink_id!r}, "
                     "which is not configured any more; restore the sink to commit it"
                 )
+            if sink.replace_slice:
+                groups.setdefault(sink.sink_id, []).append(txn)
+                continue
             self.coordinator.check_epoch(self.stage_id, self.epoch)
             self.fault("before-commit")
             started = time.monotonic()
@@ -89,6 +97,24 @@ class StageCloser:
             self.fault("mid-commit")
             if self.coordinator.mark_committed(self.stage_id, self.epoch, txn.sink_id, txn.txn_id):
                 committed += 1
+        for sink_id, txns in groups.items():
+            self.coordinator.check_epoch(self.stage_id, self.epoch)
+            self.fault("before-commit")
+            started = time.monotonic()
+            replaced = self.sinks[sink_id].commit_replacing(txns)
+            metrics.commit(self.stage_id, sink_id, time.monotonic() - started)
+            self.fault("mid-commit")
+            self.log.info(
+                "stage %s: sink %s %s slice %s with %d transactions",
+                self.stage_id,
+                sink_id,
+                "replaced" if replaced else "had already replaced",
+                self.sinks[sink_id].replace_slice,
+                len(txns),
+            )
+            for txn in txns:
+                if self.coordinator.mark_committed(self.stage_id, self.epoch, sink_id, txn.txn_id):
+                    committed += 1
         return committed
 
     def try_close(self) -> EndOfData | None:

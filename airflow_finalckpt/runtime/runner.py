@@ -37,6 +37,7 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.split_list import (
+    check_finished_split_list,
     check_finished_splits_declared,
     split_list_change,
     split_list_fingerprint,
@@ -154,7 +155,10 @@ class StageRunner:
         """Process the pending splits and finish; or stop at a savepoint; or skip if done."""
         stage_id = self.spec.stage_id
         declared = split_list_fingerprint(self.spec.splits)
-        recorded = self.coordinator.stage(stage_id).progress.split_list_sha256
+        before = self.coordinator.stage(stage_id)
+        recorded = before.progress.split_list_sha256
+        if before.lifecycle.is_finished:  # before start_attempt: a refusal records nothing
+            check_finished_split_list(stage_id, recorded, self.spec.splits)
         view = self.coordinator.start_attempt(
             stage_id, total_splits=len(self.spec.splits), split_list_sha256=declared
         )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_finalckpt.core.errors import FinalCheckpointError, UnsafePathError
 from airflow_finalckpt.core.model import SinkTransaction
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 #: Sink and transaction ids become path components and database keys: one safe path segment.
 SAFE_IDENTIFIER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+#: A slice column: a plain identifier (it becomes a SQL column, a filter, a directory name).
+SLICE_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 class SinkError(FinalCheckpointError):
@@ -67,15 +70,72 @@ def validate_identifier(value: object, kind: str) -> str:
     return value
 
 
+def check_slice(sink_id: str, replace_slice: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The slice a pipeline run owns, ``{column: value}`` (values may be Jinja templates,
+    rendered per run); None: commits append. Refused with one line if malformed.
+    """
+    if replace_slice is None:
+        return None
+    if not isinstance(replace_slice, Mapping) or not replace_slice:
+        raise SinkError(
+            f"sink {sink_id!r}: replace_slice must be a non-empty mapping of column to value, "
+            f"e.g. {{'event_date': '{{{{ ds }}}}'}}, not {replace_slice!r}"
+        )
+    for column, value in replace_slice.items():
+        if not isinstance(column, str) or SLICE_COLUMN.fullmatch(column) is None:
+            raise SinkError(f"sink {sink_id!r}: replace_slice column {column!r} is not a name")
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise SinkError(
+                f"sink {sink_id!r}: replace_slice value of {column!r} must be a string or an "
+                f"int, not {type(value).__name__}"
+            )
+    return dict(replace_slice)
+
+
+def rows_outside_slice(df: pyspark.sql.DataFrame, replace_slice: Mapping[str, Any]) -> int:
+    """How many rows of ``df`` (at most 1: it stops at the first) lie outside the slice: such
+    a row would survive the next rerun's replace and be doubled.
+    """
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    inside = reduce(lambda a, b: a & b, (F.col(c) == F.lit(v) for c, v in replace_slice.items()))
+    return len(df.where(~F.coalesce(inside, F.lit(False))).limit(1).collect())
+
+
 class TwoPhaseCommitSink(ABC):
     """A sink whose output becomes visible only through an idempotent commit.
 
     Life of a transaction: ``write_*`` (any number of times) -> ``precommit`` (durable, sealed)
     -> ``commit`` (visible exactly once) or ``abort`` (dropped).
+
+    A sink with ``replace_slice`` (``{column: value}``, rendered per run like a template field)
+    owns that slice of its table per pipeline run: ``commit_replacing`` commits all of a
+    stage's transactions at once, in place of the slice's rows.
     """
+
+    #: Rendered by Airflow per task run (the stage operator renders its sinks' fields).
+    template_fields: ClassVar[Sequence[str]] = ("replace_slice",)
+    replace_slice: dict[str, Any] | None = None
 
     def __init__(self, sink_id: str) -> None:
         self.sink_id = validate_identifier(sink_id, "sink id")
+
+    def commit_replacing(self, txns: Sequence[SinkTransaction]) -> bool:
+        """Replace the ``replace_slice`` rows with every transaction's rows, atomically and
+        once: True if committed now, False if they already were (a replay).
+        """
+        raise SinkError(f"sink {self.sink_id!r}: {type(self).__name__} cannot replace a slice")
+
+    def _check_rows_in_slice(self, df: pyspark.sql.DataFrame) -> None:
+        """Refuse a batch with rows outside the declared slice (before anything is staged)."""
+        if self.replace_slice and rows_outside_slice(df, self.replace_slice):
+            raise SinkError(
+                f"sink {self.sink_id!r}: the batch has rows outside replace_slice "
+                f"{self.replace_slice} (e.g. another day); filter them in the transform or "
+                "widen the slice; nothing was written"
+            )
 
     @abstractmethod
     def staging_location(self, txn_id: str) -> str:

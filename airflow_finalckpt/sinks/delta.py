@@ -11,6 +11,9 @@ one Delta transaction carrying an application transaction (``txn``) record.
   monotonic count of this sink's commits). The log entry is created exclusively (no automatic
   retry), so two committers of one transaction cannot both succeed; the loser re-checks the log.
   The first commit creates the table (version 0), so versions equal commits.
+- commit with ``replace_slice``: all the stage's transactions in ONE Delta commit that removes
+  the slice's files (by their min / max statistics; our files carry them for the slice
+  columns) and adds the new ones, see ``staged_replace``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_finalckpt.sinks.base import SinkError
+from airflow_finalckpt.sinks.base import SinkError, check_slice
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
     COMMIT_ATTEMPTS,
@@ -33,6 +37,7 @@ from airflow_finalckpt.sinks.staged import (
     micros_timestamps,
     optional_schema,
 )
+from airflow_finalckpt.sinks.staged_replace import SLICE_KEY, TXN_IDS_KEY, file_in_slice, txn_ids_of
 
 if TYPE_CHECKING:
     import pyarrow
@@ -92,8 +97,10 @@ class DeltaTableSink(StagedTableSink):
         storage_options: dict[str, Any] | None = None,
         *,
         app_id: str | None = None,
+        replace_slice: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(sink_id, storage_options)
+        self.replace_slice = check_slice(sink_id, replace_slice)
         local = "://" not in table_uri or table_uri.startswith("file://")
         path = table_uri.removeprefix("file://")
         self.table_uri = os.path.abspath(path).rstrip("/") if local else table_uri.rstrip("/")
@@ -103,7 +110,13 @@ class DeltaTableSink(StagedTableSink):
         """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments."""
         return (
             _rebuild,
-            (self.sink_id, self.table_uri, self.storage_options or None, self.app_id),
+            (
+                self.sink_id,
+                self.table_uri,
+                self.storage_options or None,
+                self.app_id,
+                self.replace_slice,
+            ),
         )
 
     @property
@@ -165,6 +178,10 @@ class DeltaTableSink(StagedTableSink):
             return str(info[TXN_ID_KEY])
         return None
 
+    def _all_mine(self, info: dict[str, Any]) -> set[str]:
+        """Every transaction id a commit of this sink records (a slice replace records all)."""
+        return txn_ids_of(info, TXN_ID_KEY) if info.get(SINK_ID_KEY) == self.sink_id else set()
+
     def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
         """Only transactions whose commit was attempted (version noted in the manifest) can be
         in the log; it is read from the earliest such version on.
@@ -179,14 +196,16 @@ class DeltaTableSink(StagedTableSink):
         table = self._open()
         if table is None:
             return set()
-        found = {self._mine(info) for info in self._commits_after(table, min(attempted.values()))}
-        return set(attempted) & {txn_id for txn_id in found if txn_id is not None}
+        found: set[str] = set()
+        for info in self._commits_after(table, min(attempted.values())):
+            found |= self._all_mine(info)
+        return set(attempted) & found
 
     def _table_txn_ids(self) -> set[str]:
         table = self._open()
         if table is None:
             return set()
-        return {t for t in map(self._mine, self._commits_after(table, -1)) if t is not None}
+        return {t for info in self._commits_after(table, -1) for t in self._all_mine(info)}
 
     def table_commits(self) -> list[str | None]:
         """The Delta log's versions, oldest first: this sink's transaction id or None for others."""
@@ -215,10 +234,59 @@ class DeltaTableSink(StagedTableSink):
                 partition_values={},
                 modification_time=now,
                 data_change=True,
-                stats=json.dumps({"numRecords": int(entry["rows"])}),
+                stats=json.dumps(self._stats(int(entry["rows"]))),
             )
             for entry in manifest["files"]
         ]
+
+    def _stats(self, rows: int) -> dict[str, Any]:
+        """``numRecords``; with a slice also its columns' min / max (every row of a file in
+        a slice has the slice's values: ``write_spark`` checks it), so the next rerun's
+        replace finds the file.
+        """
+        stats: dict[str, Any] = {"numRecords": rows}
+        if self.replace_slice and rows:
+            stats["minValues"] = dict(self.replace_slice)
+            stats["maxValues"] = dict(self.replace_slice)
+            stats["nullCount"] = dict.fromkeys(self.replace_slice, 0)
+        return stats
+
+    def _remove_actions(self, table: DeltaTable) -> list[Any]:
+        """The files of the slice, from their statistics; a file that may hold rows of the
+        slice and others cannot be replaced by file: refused, nothing committed.
+        """
+        import pyarrow as pa
+        from deltalake.transaction import RemoveAction
+
+        assert self.replace_slice
+        now = int(time.time() * 1000)
+        removes = []
+        for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+            verdicts = {
+                file_in_slice(row.get(f"min.{c}"), row.get(f"max.{c}"), v)
+                for c, v in self.replace_slice.items()
+            }
+            if False in verdicts:
+                continue
+            if None in verdicts:
+                raise SinkError(
+                    f"sink {self.sink_id!r}: Delta file {row['path']} may hold rows of slice "
+                    f"{self.replace_slice} and others (no min/max statistics, or a range "
+                    "around it); cannot replace the slice by file; nothing was committed"
+                )
+            removes.append(
+                RemoveAction(
+                    path=str(row["path"]),
+                    data_change=True,
+                    deletion_timestamp=now,
+                    size=int(row["size_bytes"]),
+                    partition_values={},
+                )
+            )
+        return removes
+
+    def _publish_replacing(self, manifests: dict[str, dict[str, Any]]) -> bool:
+        return self._commit_files(manifests, replace=True)
 
     def _files_schema(self, uris: list[str]) -> Any:
         """The Delta schema of the staged files, every column nullable (from the first footer;
@@ -233,30 +301,50 @@ class DeltaTableSink(StagedTableSink):
         return Schema.from_arrow(optional_schema(arrow_schema))
 
     def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
+        return self._commit_files({txn_id: manifest})
+
+    def _note_version(self, manifests: dict[str, dict[str, Any]], version: int) -> bool:
+        """Before the first commit attempt, the table version goes into every manifest (durable
+        before the commit can happen; a replay reads the log after it); True if written now.
+        """
+        if all(VERSION_BEFORE_KEY in m for m in manifests.values()):
+            return False
+        for txn_id, manifest in list(manifests.items()):
+            manifests[txn_id] = {**manifest, VERSION_BEFORE_KEY: version}
+            self._save_manifest(txn_id, manifests[txn_id])
+        return True
+
+    def _commit_files(self, manifests: dict[str, dict[str, Any]], replace: bool = False) -> bool:
+        """ONE Delta commit adding every manifest's files (and, replacing, removing the
+        slice's), recording the transaction ids; False if the log already has them.
+        """
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import create_table_with_add_actions
 
-        uris = self._require_files(txn_id, manifest)
-        actions = self._add_actions(txn_id, manifest)
-        schema = self._files_schema(uris)
+        txn_id = next(iter(manifests))
+        uris = [u for t, m in manifests.items() for u in self._require_files(t, m)]
+        added = [a for t, m in manifests.items() for a in self._add_actions(t, m)]
+        schema = self._files_schema(uris) if uris else None
+        metadata = {SINK_ID_KEY: self.sink_id, TXN_ID_KEY: txn_id}
+        if replace:
+            metadata[TXN_IDS_KEY] = ",".join(manifests)
+            metadata[SLICE_KEY] = json.dumps(self.replace_slice, sort_keys=True)
         for _attempt in range(COMMIT_ATTEMPTS):
             table = self._open()
             version = -1 if table is None else table.version()
-            if VERSION_BEFORE_KEY not in manifest:
-                manifest = {**manifest, VERSION_BEFORE_KEY: version}
-                self._save_manifest(txn_id, manifest)  # durable before the commit can happen
-            elif self._table_committed({txn_id: manifest}):
+            if not self._note_version(manifests, version) and self._table_committed({**manifests}):
                 return False
+            schema = schema or (table.schema() if table is not None else None)
+            if schema is None:
+                return True  # nothing staged and no table: nothing to replace or add
             if table is not None:
                 self._check_schema(json.loads(schema.to_json()))
+            actions = [*(self._remove_actions(table) if replace and table else []), *added]
             app_version = 1 if table is None else (table.transaction_version(self.app_id) or 0) + 1
+            checkpoints = {str(m.get("checkpoint_id")) for m in manifests.values()}
             properties = CommitProperties(
-                custom_metadata={
-                    SINK_ID_KEY: self.sink_id,
-                    TXN_ID_KEY: txn_id,
-                    CHECKPOINT_ID_KEY: str(manifest.get("checkpoint_id")),
-                },
+                custom_metadata={**metadata, CHECKPOINT_ID_KEY: max(checkpoints)},
                 max_commit_retries=0,  # the log entry is created exclusively; we re-check
                 app_transactions=[Transaction(app_id=self.app_id, version=app_version)],
             )
@@ -311,6 +399,12 @@ class DeltaTableSink(StagedTableSink):
 
 
 def _rebuild(
-    sink_id: str, table_uri: str, storage_options: dict[str, Any] | None, app_id: str
+    sink_id: str,
+    table_uri: str,
+    storage_options: dict[str, Any] | None,
+    app_id: str,
+    replace_slice: dict[str, Any] | None = None,
 ) -> DeltaTableSink:
-    return DeltaTableSink(sink_id, table_uri, storage_options, app_id=app_id)
+    return DeltaTableSink(
+        sink_id, table_uri, storage_options, app_id=app_id, replace_slice=replace_slice
+    )

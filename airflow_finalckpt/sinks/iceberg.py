@@ -5,6 +5,9 @@
   ``<data location>/finalckpt/<sink_id>/<txn_id>/`` with the table's field ids and microsecond
   timestamps; no snapshot references them, so no reader sees them.
 - precommit: the files are listed and sealed in a manifest beside them (see ``staged``).
+- commit with ``replace_slice``: all the stage's transactions in ONE snapshot that also removes
+  the slice's data files (an ``overwrite``; a file holding rows in and out of the slice is
+  rewritten by pyiceberg's delete, in the same table commit), see ``staged_replace``.
 - commit: ONE fast-append snapshot adds the files (metadata only: pyiceberg reads the Parquet
   footers for the column statistics, never the data), with ``finalckpt.txn-id`` in the snapshot
   summary. A replayed commit finds the id in the table's snapshot history and does nothing; a
@@ -13,12 +16,14 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.pyspark_compat import arrow_schema
-from airflow_finalckpt.sinks.base import SinkError
+from airflow_finalckpt.sinks.base import SinkError, check_slice
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
     COMMIT_ATTEMPTS,
@@ -30,13 +35,16 @@ from airflow_finalckpt.sinks.staged import (
     micros_timestamps,
     optional_schema,
 )
+from airflow_finalckpt.sinks.staged_replace import SLICE_KEY, TXN_IDS_KEY, txn_ids_of
 
 if TYPE_CHECKING:
     import pyarrow
     import pyspark.sql
     from pyiceberg.catalog import Catalog
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.manifest import DataFile
     from pyiceberg.schema import Schema
-    from pyiceberg.table import Table
+    from pyiceberg.table import Table, Transaction
     from pyiceberg.types import IcebergType
 
 NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
@@ -96,8 +104,10 @@ class IcebergTableSink(StagedTableSink):
         catalog: str | Mapping[str, str] | None = None,
         catalog_name: str = "finalckpt",
         storage_options: dict[str, Any] | None = None,
+        replace_slice: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(sink_id, storage_options)
+        self.replace_slice = check_slice(sink_id, replace_slice)
         if table.count(".") < 1 or not all(table.split(".")):
             raise ConfigurationError(
                 f"sink {sink_id!r}: argument table={table!r} must be 'namespace.name'"
@@ -139,6 +149,7 @@ class IcebergTableSink(StagedTableSink):
             "catalog": self.catalog_config,
             "catalog_name": self.catalog_name,
             "storage_options": self.storage_options,
+            "replace_slice": self.replace_slice,
         }
 
     @property
@@ -280,13 +291,12 @@ class IcebergTableSink(StagedTableSink):
     # -- commit ------------------------------------------------------------------------------
 
     def _summary_txn_ids(self, table: Table) -> set[str]:
-        return {
-            str(snapshot.summary[TXN_ID_KEY])
-            for snapshot in table.snapshots()
-            if snapshot.summary is not None
-            and snapshot.summary.get(SINK_ID_KEY) == self.sink_id
-            and snapshot.summary.get(TXN_ID_KEY) is not None
-        }
+        found: set[str] = set()
+        for snapshot in table.snapshots():
+            summary = snapshot.summary
+            if summary is not None and summary.get(SINK_ID_KEY) == self.sink_id:
+                found |= txn_ids_of(summary, TXN_ID_KEY)
+        return found
 
     def _table_txn_ids(self) -> set[str]:
         table = self._load()
@@ -315,20 +325,77 @@ class IcebergTableSink(StagedTableSink):
         return {task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()}
 
     def _publish(self, txn_id: str, manifest: dict[str, Any]) -> bool:
+        uris = self._require_files(txn_id, manifest)
+        return self._commit_snapshot([txn_id], uris, str(manifest.get("checkpoint_id")))
+
+    def _publish_replacing(self, manifests: dict[str, dict[str, Any]]) -> bool:
+        uris = [uri for t, m in manifests.items() for uri in self._require_files(t, m)]
+        checkpoints = {str(m.get("checkpoint_id")) for m in manifests.values()}
+        return self._commit_snapshot(list(manifests), uris, max(checkpoints, default=""), True)
+
+    def _slice_expression(self) -> BooleanExpression:
+        from pyiceberg.expressions import And, EqualTo
+
+        assert self.replace_slice
+        terms = [
+            EqualTo(column, value)  # type: ignore[call-arg, arg-type]
+            for column, value in self.replace_slice.items()
+        ]
+        return functools.reduce(And, terms)  # type: ignore[arg-type]
+
+    def _replace_slice_in(
+        self, transaction: Transaction, table: Table, files: list[DataFile], summary: dict[str, str]
+    ) -> None:
+        """Old slice out, new files in: one ``overwrite`` snapshot when every old file lies
+        wholly in the slice (by its column statistics), else pyiceberg's delete (which
+        rewrites mixed files) and an append, in the same table commit.
+        """
+        from pyiceberg.expressions.visitors import _StrictMetricsEvaluator
+
+        expression = self._slice_expression()
+        old = [task.file for task in table.scan(row_filter=expression).plan_files()]
+        strict = _StrictMetricsEvaluator(table.schema(), expression)
+        if old and all(strict.eval(f) for f in old):
+            update = transaction.update_snapshot(snapshot_properties=summary)
+            with update.overwrite() as overwrite:
+                for data_file in old:
+                    overwrite.delete_data_file(data_file)
+                for data_file in files:
+                    overwrite.append_data_file(data_file)
+            return
+        if old:
+            transaction.delete(expression, snapshot_properties=summary)
+        self._append_in(transaction, files, summary)
+
+    def _summary(self, txn_ids: list[str], checkpoint_id: str, replace: bool) -> dict[str, str]:
+        summary = {SINK_ID_KEY: self.sink_id, TXN_ID_KEY: txn_ids[0]}
+        summary[CHECKPOINT_ID_KEY] = checkpoint_id
+        if replace:
+            summary[TXN_IDS_KEY] = ",".join(txn_ids)
+            summary[SLICE_KEY] = json.dumps(self.replace_slice, sort_keys=True)
+        return summary
+
+    @staticmethod
+    def _append_in(
+        transaction: Transaction, files: list[DataFile], summary: dict[str, str]
+    ) -> None:
+        with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+
+    def _commit_snapshot(
+        self, txn_ids: list[str], uris: list[str], checkpoint_id: str, replace: bool = False
+    ) -> bool:
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-        uris = self._require_files(txn_id, manifest)
-        summary = {
-            SINK_ID_KEY: self.sink_id,
-            TXN_ID_KEY: txn_id,
-            CHECKPOINT_ID_KEY: str(manifest.get("checkpoint_id")),
-        }
+        txn_id = txn_ids[0]
+        summary = self._summary(txn_ids, checkpoint_id, replace)
         for _attempt in range(COMMIT_ATTEMPTS):
             table = self._load()
             if table is None:
                 raise SinkError(f"sink {self.sink_id!r}: table {self.table_name!r} was dropped")
-            if txn_id in self._summary_txn_ids(table):
+            if set(txn_ids) & self._summary_txn_ids(table):
                 return False
             try:
                 files = [parquet_file_to_data_file(table.io, table.metadata, u) for u in uris]
@@ -346,10 +413,10 @@ class IcebergTableSink(StagedTableSink):
                     if table.metadata.name_mapping() is None:
                         mapping = table.schema().name_mapping.model_dump_json()
                         transaction.set_properties({NAME_MAPPING_PROPERTY: mapping})
-                    update = transaction.update_snapshot(snapshot_properties=summary)
-                    with update.fast_append() as append:
-                        for data_file in files:
-                            append.append_data_file(data_file)
+                    if replace:
+                        self._replace_slice_in(transaction, table, files, summary)
+                    else:
+                        self._append_in(transaction, files, summary)
                 return True
             except CommitFailedException:
                 backoff(_attempt)  # another writer committed first: reload, re-check, retry

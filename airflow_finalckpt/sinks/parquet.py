@@ -15,7 +15,9 @@ Layout under the table root (names starting with ``_`` or ``.`` are hidden from 
   in ``_staging/<txn_id>/``. Still read; the first commit of a new sink object on the table moves
   such transactions to ``txn-<txn_id>/`` (migration).
 
-The crash-safe file operations these steps rest on are in ``parquet_files``.
+The crash-safe file operations these steps rest on are in ``parquet_files``. With
+``replace_slice`` a stage's transactions replace the slice's partition directory in one swap
+(``parquet_slices``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import fsspec
@@ -39,8 +41,10 @@ from airflow_finalckpt.sinks.base import (
     SinkError,
     SinkTransactionError,
     TwoPhaseCommitSink,
+    check_slice,
 )
 from airflow_finalckpt.sinks.parquet_files import MANIFEST_FORMAT, TableFiles, fsync
+from airflow_finalckpt.sinks.parquet_slices import SliceSwap
 
 if TYPE_CHECKING:
     import pandas
@@ -78,8 +82,10 @@ class ParquetTableSink(TwoPhaseCommitSink):
         storage_options: dict[str, Any] | None = None,
         *,
         commit_mode: CommitMode = "auto",
+        replace_slice: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(sink_id)
+        self.replace_slice = check_slice(sink_id, replace_slice)
         fs, root = fsspec.core.url_to_fs(table_uri, **(storage_options or {}))
         root = root.rstrip("/")
         if not root:
@@ -95,6 +101,12 @@ class ParquetTableSink(TwoPhaseCommitSink):
         self.table_uri = root if self._local else table_uri.rstrip("/")
         self.commit_mode: ResolvedMode = self._resolve_mode(commit_mode)
         self._legacy_checked = False
+        self._slices = SliceSwap(self._files, root, sink_id)
+        if self.replace_slice and self.commit_mode != "rename":
+            raise ConfigurationError(
+                f"sink {sink_id!r}: replace_slice swaps a partition directory, which needs a "
+                f"filesystem with atomic directory rename (local, HDFS), not {table_uri!r}"
+            )
 
     @property
     def asset_uri(self) -> str:
@@ -181,6 +193,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
         Do not use ``partitionBy``: readers list files recursively and would drop the columns.
         """
         txn_id = self._check_writable(txn_id)
+        self._check_rows_in_slice(df)
         df.write.mode("append").parquet(self.staging_location(txn_id))
 
     # -- two-phase commit --------------------------------------------------------------------
@@ -255,6 +268,16 @@ class ParquetTableSink(TwoPhaseCommitSink):
             return self._commit_by_rename(txn_id)
         # Copy mode, or a rename-mode table holding a copy commit interrupted by a crash.
         return self._commit_by_copy(txn_id, manifest)
+
+    def commit_replacing(self, txns: Sequence[SinkTransaction]) -> bool:
+        """The transactions' files replace the slice's partition directory in one swap."""
+        for txn in txns:
+            self._check_owned(txn)
+            self._require_checkpoint(txn)
+        assert self.replace_slice
+        ids = [t.txn_id for t in txns]
+        staging = {t: self._staging_path(t) for t in ids}
+        return self._slices.commit(ids, staging, self.replace_slice)
 
     def _check_matches_precommit(self, txn: SinkTransaction, manifest: dict[str, Any]) -> None:
         expected = txn.payload.get("files")
@@ -404,6 +427,8 @@ class ParquetTableSink(TwoPhaseCommitSink):
         txn_id = self._check_txn_id(txn_id)
         if self._files.exists(self._published_manifest_path(txn_id)):
             return True
+        if self._files.exists(self._slices.record_path(txn_id)):
+            return True
         return self._files.exists(self._legacy_record_path(txn_id))
 
     def _published_dirs(self) -> dict[str, bool]:
@@ -430,6 +455,7 @@ class ParquetTableSink(TwoPhaseCommitSink):
             for name in self._files.list_names(self._path(COMMITS_DIR))
             if name.endswith(".json") and not name.startswith("_tmp-")
         }
+        committed |= self._slices.recorded_txn_ids()
         return {txn_id for txn_id in committed if SAFE_IDENTIFIER.fullmatch(txn_id)}
 
     def staged_txn_ids(self) -> set[str]:
@@ -448,7 +474,10 @@ class ParquetTableSink(TwoPhaseCommitSink):
     # -- readers -----------------------------------------------------------------------------
 
     def _committed_relative_files(self) -> Iterator[str]:
-        for txn_id in sorted(self.committed_txn_ids()):
+        if self.replace_slice:
+            yield from self._slices.committed_files(len(self.replace_slice))
+        recorded = self._slices.recorded_txn_ids()
+        for txn_id in sorted(self.committed_txn_ids() - recorded):
             published = self._published_manifest_path(txn_id)
             if self._files.exists(published):
                 manifest = self._files.read_manifest(published)

@@ -22,9 +22,21 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, MetaData, Table, delete, func, insert, inspect, select, tuple_
+from sqlalchemy import (
+    Engine,
+    MetaData,
+    Table,
+    and_,
+    delete,
+    func,
+    insert,
+    inspect,
+    select,
+    tuple_,
+)
 from sqlalchemy.types import TypeEngine
 
 from airflow_finalckpt.core.errors import ConfigurationError
@@ -36,6 +48,7 @@ from airflow_finalckpt.sinks.base import (
     SinkError,
     SinkTransactionError,
     TwoPhaseCommitSink,
+    check_slice,
 )
 from airflow_finalckpt.sinks.sql_bookkeeping import SinkBookkeeping
 from airflow_finalckpt.sinks.sql_staging import (
@@ -113,8 +126,11 @@ class SqlTableSink(TwoPhaseCommitSink):
         columns: dict[str, TypeEngine[Any] | type[TypeEngine[Any]]] | None = None,
         key_columns: list[str] | tuple[str, ...] | None = None,
         driver_write_max_bytes: int = DRIVER_WRITE_MAX_BYTES,
+        *,
+        replace_slice: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(sink_id)
+        self.replace_slice = check_slice(sink_id, replace_slice)
         self.driver_write_max_bytes = int(driver_write_max_bytes)
         self.table_name = check_table_name(table)
         self.columns = dict(columns) if columns else None
@@ -145,7 +161,7 @@ class SqlTableSink(TwoPhaseCommitSink):
         url = self.engine.url.render_as_string(hide_password=False)
         keys = list(self.key_columns) or None
         args = (self.sink_id, url, self.table_name, self.columns, keys, self.driver_write_max_bytes)
-        return (type(self), args)
+        return (_rebuild, (type(self), args, self.replace_slice))
 
     @property
     def asset_uri(self) -> str:
@@ -288,6 +304,7 @@ class SqlTableSink(TwoPhaseCommitSink):
         reach, is written through the driver.
         """
         txn_id = self._check_txn_id(txn_id)
+        self._check_rows_in_slice(df)
         url = self.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
             self.write_arrow(txn_id, to_arrow(df))
@@ -387,33 +404,73 @@ class SqlTableSink(TwoPhaseCommitSink):
 
     def commit(self, txn: SinkTransaction) -> bool:
         """Record the commit and move the staged rows into the table, in one DB transaction."""
-        txn_id = self._check_owned(txn)
+        self._check_owned(txn)
         self._require_checkpoint(txn)
         self._books.ensure()
         tables = self._data_tables()
         with self.engine.begin() as conn:
-            # Lock the pre-commit row first: a racing commit or abort waits here, then finds it
-            # gone and sees the winner's commit record.
-            sealed = self._books.precommit_row(conn, txn_id, lock=True)
-            if sealed is None:
-                if self._books.commit_record_exists(conn, txn_id):
-                    return False
-                raise NotPrecommittedError(
-                    f"sink {self.sink_id!r}: transaction {txn_id!r} has no pre-committed rows to "
-                    "commit: it was never pre-committed or it was aborted"
-                )
-            checkpoint_id = txn.checkpoint_id if txn.checkpoint_id is not None else 0
-            if not self._books.insert_commit_record(conn, txn_id, int(sealed.rows), checkpoint_id):
+            return self._commit_in(conn, tables, txn)
+
+    def commit_replacing(self, txns: Sequence[SinkTransaction]) -> bool:
+        """Delete the slice's rows and move every transaction's staged rows in, in ONE
+        database transaction with their commit records: readers see the old slice or the new
+        one; a replay finds the records and changes nothing.
+        """
+        for txn in txns:
+            self._check_owned(txn)
+            self._require_checkpoint(txn)
+        self._books.ensure()
+        tables = self._data_tables()
+        with self.engine.begin() as conn:
+            for txn in txns:  # serialize with a racing commit or abort of the same group
+                self._books.precommit_row(conn, txn.txn_id, lock=True)
+            done = [self._books.commit_record_exists(conn, t.txn_id) for t in txns]
+            if txns and any(done):
                 return False
-            moved = self._move_staged_rows(conn, tables, txn_id) if tables else 0
-            if moved != sealed.rows:
-                raise SinkTransactionError(
-                    f"sink {self.sink_id!r}: transaction {txn_id!r} was pre-committed with "
-                    f"{sealed.rows} rows but {moved} are staged; nothing was committed"
-                )
-            self._books.unseal(conn, txn_id)
-            self._books.set_committed_rows(conn, txn_id, moved)
-            self._books.forget_writes(conn, txn_id)
+            if tables is not None and self.replace_slice:
+                target = tables[0]
+                for column in self.replace_slice:
+                    if column not in target.columns:
+                        raise SinkError(
+                            f"sink {self.sink_id!r}: replace_slice column {column!r} is not a "
+                            f"column of table {self.table_name!r}; nothing was committed"
+                        )
+                in_slice = and_(*(target.c[c] == v for c, v in self.replace_slice.items()))
+                conn.execute(delete(target).where(in_slice))
+            for txn in txns:
+                if not self._commit_in(conn, tables, txn):
+                    raise SinkTransactionError(
+                        f"sink {self.sink_id!r}: transaction {txn.txn_id!r} committed by "
+                        "another process during a slice replace; nothing was committed"
+                    )
+        return True
+
+    def _commit_in(
+        self, conn: Connection, tables: tuple[Table, Table] | None, txn: SinkTransaction
+    ) -> bool:
+        txn_id = txn.txn_id
+        # Lock the pre-commit row first: a racing commit or abort waits here, then finds it
+        # gone and sees the winner's commit record.
+        sealed = self._books.precommit_row(conn, txn_id, lock=True)
+        if sealed is None:
+            if self._books.commit_record_exists(conn, txn_id):
+                return False
+            raise NotPrecommittedError(
+                f"sink {self.sink_id!r}: transaction {txn_id!r} has no pre-committed rows to "
+                "commit: it was never pre-committed or it was aborted"
+            )
+        checkpoint_id = txn.checkpoint_id if txn.checkpoint_id is not None else 0
+        if not self._books.insert_commit_record(conn, txn_id, int(sealed.rows), checkpoint_id):
+            return False
+        moved = self._move_staged_rows(conn, tables, txn_id) if tables else 0
+        if moved != sealed.rows:
+            raise SinkTransactionError(
+                f"sink {self.sink_id!r}: transaction {txn_id!r} was pre-committed with "
+                f"{sealed.rows} rows but {moved} are staged; nothing was committed"
+            )
+        self._books.unseal(conn, txn_id)
+        self._books.set_committed_rows(conn, txn_id, moved)
+        self._books.forget_writes(conn, txn_id)
         return True
 
     def _move_staged_rows(self, conn: Connection, tables: tuple[Table, Table], txn_id: str) -> int:
@@ -473,3 +530,9 @@ class SqlTableSink(TwoPhaseCommitSink):
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
         return f"SqlTableSink(sink_id={self.sink_id!r}, url={url!r}, table={self.table_name!r})"
+
+
+def _rebuild(
+    cls: type[SqlTableSink], args: tuple[Any, ...], replace_slice: dict[str, Any] | None
+) -> SqlTableSink:
+    return cls(*args, replace_slice=replace_slice)

@@ -21,7 +21,7 @@ import json
 import os
 import time
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import fsspec
@@ -186,6 +186,17 @@ class StagedTableSink(TwoPhaseCommitSink):
         table turned out to hold it already (a racing committer won).
         """
 
+    def _publish_replacing(self, manifests: dict[str, dict[str, Any]]) -> bool:
+        """One table commit removing the slice's rows and adding every manifest's files."""
+        raise SinkError(f"sink {self.sink_id!r}: {type(self).__name__} cannot replace a slice")
+
+    @storage_errors
+    def commit_replacing(self, txns: Sequence[SinkTransaction]) -> bool:
+        """The stage's transactions replace the slice in one table commit (``staged_replace``)."""
+        from airflow_finalckpt.sinks.staged_replace import commit_replacing
+
+        return commit_replacing(self, txns)
+
     @abstractmethod
     def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]:
         """Which of the transaction ids (with their manifest, if still there) the table's
@@ -317,6 +328,7 @@ class StagedTableSink(TwoPhaseCommitSink):
         not INT96, which other engines misread); nothing goes through this process.
         """
         txn_id = self._check_writable(txn_id)
+        self._check_rows_in_slice(df)
         prepared = self._prepare_spark(df)
         target = self.staging_location(txn_id)
         spark = df.sparkSession

@@ -79,6 +79,7 @@ def spark_logic(session: Callable[[], SparkSession]) -> LogicFactory:
             sinks=code.sinks,
             upstream_manifests={k: list(v) for k, v in job.upstream_manifests.items()},
             split_keys=job.spec.split_keys,
+            run=job.run,
         )
 
     return make

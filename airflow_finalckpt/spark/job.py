@@ -30,11 +30,14 @@ from airflow_finalckpt.config import env_var_name
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError, FinalCheckpointError
 from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.runtime.assembly import StageJob
 from airflow_finalckpt.runtime.runner import CommitMode, RunResult, RunStatus, StageSpec
 from airflow_finalckpt.storage import CheckpointStorage
 
-#: 2: batch_size may be "auto", with target_batch_s and hints_scope.
+#: 2: batch_size may be "auto", with target_batch_s and hints_scope (and, optional within
+#: format 2, ``run_context``: the Airflow run's logical date, interval, params; see
+#: ``core.run_context``).
 JOB_FORMAT = 2
 DRIVERS_DIR = "drivers"
 HEARTBEAT_INTERVAL_S = 5.0
@@ -95,6 +98,8 @@ class DriverJob:
     attempt_lease_s: float = 60.0
     on_drain: str = "stop"
     allow_split_list_change: bool = False
+    #: The Airflow run the stage works for (``RunContext.to_json``): JSON values, no Airflow.
+    run_context: dict[str, Any] = field(default_factory=dict)
     format: int = JOB_FORMAT
 
     @classmethod
@@ -129,6 +134,7 @@ class DriverJob:
             attempt_lease_s=float(spec.attempt_lease_s),
             on_drain=spec.on_drain,
             allow_split_list_change=spec.allow_split_list_change,
+            run_context=stage.run.to_json(),
         )
 
     def stage_job(self) -> StageJob:
@@ -149,6 +155,7 @@ class DriverJob:
             ),
             upstream_manifests=self.upstream_manifests,
             hints_scope=self.hints_scope,
+            run=RunContext.from_json(self.run_context),
         )
 
     def to_json(self) -> bytes:

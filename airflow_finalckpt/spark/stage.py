@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -22,6 +23,7 @@ from pyspark.sql.types import StructType
 from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
 from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan
+from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.pyspark_compat import local_copy
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
@@ -67,6 +69,43 @@ class BatchContext:
     #: windowed transform may fire everything now instead of in ``finish``).
     last_batch: bool = False
     logic: SparkStageLogic | None = field(default=None, repr=False)
+    #: The Airflow run this stage works for (see the properties below).
+    run: RunContext = field(default_factory=RunContext)
+
+    @property
+    def logical_date(self) -> datetime | None:
+        """The DAG run's logical date (None for a manual run without one)."""
+        return self.run.logical_date
+
+    @property
+    def data_interval_start(self) -> datetime | None:
+        """Start of the DAG run's data interval (inclusive): the day a daily run is for."""
+        return self.run.data_interval_start
+
+    @property
+    def data_interval_end(self) -> datetime | None:
+        """End of the DAG run's data interval (exclusive)."""
+        return self.run.data_interval_end
+
+    @property
+    def ds(self) -> str | None:
+        """The logical date as ``YYYY-MM-DD`` (Airflow's ``{{ ds }}``)."""
+        return self.run.ds
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The DAG run's params (JSON values)."""
+        return self.run.params
+
+    @property
+    def conf(self) -> Mapping[str, Any]:
+        """The DAG run's conf (JSON values)."""
+        return self.run.conf
+
+    @property
+    def run_id(self) -> str | None:
+        """The DAG run's id."""
+        return self.run.run_id
 
     def read_parts(self, parts: Sequence[str] | None = None) -> DataFrame:
         """Read upstream output parts (default: this batch's splits, when they are parts)."""
@@ -184,8 +223,10 @@ class SparkStageLogic:
         sinks: Sequence[TwoPhaseCommitSink] = (),
         upstream_manifests: Mapping[str, list[str]] | None = None,
         split_keys: Sequence[str] = (),
+        run: RunContext | None = None,
     ) -> None:
         self._spark = spark
+        self.run = run or RunContext()
         self.storage = storage
         self.pipeline_key = pipeline_key
         self.stage_id = stage_id
@@ -280,12 +321,20 @@ class SparkStageLogic:
             self.watermark,
             last_batch=batch.last,
             logic=self,
+            run=self.run,
         )
 
     def finish(self, drain: bool, txn_ids: Mapping[str, str]) -> BatchOutput:
         """End of input (or a drain): run the finish hook, if any; else keep the state as it is."""
         ctx = BatchContext(
-            self.spark, self.stage_id, (), self.watermark, finishing=True, drain=drain, logic=self
+            self.spark,
+            self.stage_id,
+            (),
+            self.watermark,
+            finishing=True,
+            drain=drain,
+            logic=self,
+            run=self.run,
         )
         if self.on_finish is None:
             return BatchOutput(state=tuple(self.handles.values()), watermark=self.watermark)

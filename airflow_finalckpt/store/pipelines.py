@@ -15,6 +15,7 @@ from airflow_finalckpt.store.writes import lock_pipeline
 
 #: Every table holding a pipeline's rows, children first.
 _PIPELINE_TABLES: tuple[Table, ...] = (
+    t.sink_dates,
     t.acks_due,
     t.acks,
     t.checkpoints,

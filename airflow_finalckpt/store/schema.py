@@ -191,3 +191,17 @@ dag_runs = Table(
     Column("created_at", Float, nullable=False),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
+
+#: Which pipeline committed which logical date into which sink (a sink without a declared slice
+#: appends, so a second pipeline of one date doubles it: the task log warns, see
+#: ``store.sink_dates``).
+sink_dates = Table(
+    "finalckpt_sink_dates",
+    metadata,
+    Column("sink", KEY, primary_key=True),
+    Column("logical_date", String(64), primary_key=True),
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("stage_id", KEY, nullable=False),
+    Column("committed_at", Float, nullable=False),
+    ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
+)

@@ -168,3 +168,28 @@ def test_allow_split_list_change_resumes_without_the_removed_splits(tmp_path: Pa
     assert "2 finished split(s) are no longer declared" in warning  # s0, s1
     assert logic.processed == ["s4", "s5"]
     assert coord.stage("a").lifecycle is StageLifecycle.FINISHED
+
+
+def test_a_finished_stage_with_another_split_list_is_refused_by_the_rule(tmp_path: Path) -> None:
+    """Issue 26: a reused key or a late file must not re-publish a finished stage as is."""
+    from airflow_finalckpt.core.errors import SplitListChangedError, is_permanent
+    from airflow_finalckpt.core.split_list import FINISHED_SPLIT_LIST_RULE
+
+    coord = coordinator(f"sqlite:///{tmp_path}/store.db", CheckpointStorage(str(tmp_path)))
+    run(coord, FIRST, Logic(), Recorder())
+    assert coord.stage("a").lifecycle is StageLifecycle.FINISHED
+    epoch = coord.stage("a").epoch
+    logic = Logic()
+    with pytest.raises(SplitListChangedError, match=FINISHED_SPLIT_LIST_RULE) as refused:
+        run(coord, SECOND, logic, Recorder())
+    assert is_permanent(refused.value)
+    message = str(refused.value)
+    assert "stage 'a' is finished" in message and "finalckpt reset" in message
+    assert "\n" not in message
+    assert logic.processed == []
+    view = coord.stage("a")  # nothing recorded: no new attempt, the old fingerprint
+    assert (view.epoch, view.progress.split_list_sha256) == (epoch, split_list_fingerprint(FIRST))
+    # the list it finished with is re-published as before (no Spark work)
+    again = Logic()
+    run(coord, FIRST, again, Recorder())
+    assert again.processed == []
