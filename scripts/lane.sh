@@ -2,8 +2,8 @@
 # CI's extra compatibility lanes (docs/compatibility.md), each in its own virtualenv:
 #
 #   floors   .venv-floors, constraints/floors.txt: pyproject.toml's declared floors (Airflow
-#            3.3.0, Spark provider 6.0.0, pyspark 4.0.1, pyiceberg 0.11.0, deltalake 1.1.0,
-#            OpenLineage provider 2.10.0) with everything else at its newest. Runs the Airflow
+#            3.3.0, Spark provider 6.0.0, pyspark 4.0.1, pyiceberg 0.11.0, deltalake 1.6.6,
+#            OpenLineage provider 2.20.3) with everything else at its newest. Runs the Airflow
 #            API tests (operator, sensor, triggers, plugin and its API app, provider info,
 #            OpenLineage), the branching DAG through dag.test() into every sink, and the
 #            lakehouse sinks.
