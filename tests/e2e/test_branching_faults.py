@@ -71,6 +71,7 @@ DRAIN_DAG = "branching_faults_drain"
 FAIL_WINDOWS_DAG = "branching_faults_fail_windows"
 FAIL_CARRIER_DAG = "branching_faults_fail_carrier"
 DRAIN_SOURCES_DAG = "branching_faults_drain_sources"
+TWO_RUNS_DAG = "branching_faults_two_runs"
 OUTPUT = {
     TRIGGERER_DAG: "triggerer",
     SAVEPOINT_DAG: "savepoint",
@@ -78,6 +79,7 @@ OUTPUT = {
     FAIL_WINDOWS_DAG: "fail_windows",
     FAIL_CARRIER_DAG: "fail_carrier",
     DRAIN_SOURCES_DAG: "drain_sources",
+    TWO_RUNS_DAG: "two_runs",
 }
 DAYS = 21  # three ingest parts: enrich, delay_windows and carrier_daily have three splits
 FINAL_TRIGGER = "airflow_finalckpt.triggers.final_checkpoint.FinalCheckpointTrigger"
@@ -126,6 +128,7 @@ def cluster(airflow_cluster: Callable[..., AirflowCluster], env: dict[str, Any])
             FAIL_WINDOWS_DAG,
             FAIL_CARRIER_DAG,
             DRAIN_SOURCES_DAG,
+            TWO_RUNS_DAG,
         ],
     )
 
@@ -651,3 +654,33 @@ def test_a_drain_while_both_sources_run_cuts_the_facts_not_the_dimension(
         f"savepoint {stop.savepoint_id}. {DAYS - 14} input splits were left unread (splits "
         f"read: ingest 14/{DAYS}, weather 3/3). A drained run cannot be resumed."
     )
+
+
+def test_a_continuation_while_the_first_run_still_runs_is_refused(
+    cluster: AirflowCluster, pipeline_factory: Callable[[str], Pipeline]
+) -> None:
+    """A second DAG run on the first run's pipeline key, started while the first run's
+    delay_windows holds a batch: its first stage task is refused at once (one try, no retry),
+    naming the first run; the first run's attempts keep their epochs (no StaleEpochError
+    ping-pong), it succeeds, and every commit has exactly one Asset event.
+    """
+    p = pipeline_factory(TWO_RUNS_DAG)
+    p.hold("delay_windows-2")
+    first = p.trigger()
+    p.wait(lambda: p.held("delay_windows-2"), "delay_windows inside its second batch", 600)
+    epoch = p.coord.stage("delay_windows").epoch
+    second = cluster.trigger_dag(p.dag_id, conf={"pipeline_key": p.key})
+    assert cluster.wait_for_run(p.dag_id, second, timeout=420) == "failed"
+    refused = p.tis(second)
+    assert refused["ingest"]["state"] == "failed" and refused["ingest"]["try_number"] == 1
+    log = cluster.logs(p.dag_id, second, "ingest", 1)
+    assert "PipelineDrivenError" in log and "is driven by DAG run" in log, log[-3000:]
+    assert first in log and '{"take_over": true}' in log
+    assert p.coord.driver() == (p.dag_id, first)
+    assert p.coord.stage("delay_windows").epoch == epoch  # nothing taken from the first run
+    p.release("delay_windows-2")
+    assert cluster.wait_for_run(p.dag_id, first, timeout=420) == "success"
+    for task in ("carrier_daily", "publish"):
+        assert len(_asset_events(cluster, p.dag_id, first, task)) == 1, task
+        assert _asset_events(cluster, p.dag_id, second, task) == [], task
+    p.assert_committed_once()

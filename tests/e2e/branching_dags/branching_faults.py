@@ -109,3 +109,5 @@ drain_sources_dag = _copy(
     paced=("ingest", "weather"),
     sizes={"weather": 1},
 )
+# a continuation DAG run on the same pipeline key while the first one still runs
+two_runs_dag = _copy("branching_faults_two_runs", "two_runs")
