@@ -31,6 +31,7 @@ from sqlalchemy import (
     Table,
     and_,
     delete,
+    event,
     func,
     insert,
     inspect,
@@ -97,17 +98,23 @@ __all__ = [
 DRIVER_WRITE_MAX_BYTES = 10 * 1024 * 1024
 
 
-def _check_sqlite_directory(sink_id: str, engine: Engine) -> None:
-    """A SQLite file's directory must exist (SQLite creates the file, not its directory)."""
+def _guard_sqlite_directory(sink_id: str, engine: Engine) -> None:
+    """A SQLite file's directory must exist when the sink first connects (SQLite creates the
+    file, not its directory); checked then, not when the DAG is parsed, because the DAG
+    processor may run where that directory does not exist (or before a task creates it).
+    """
     database = engine.url.database or ""
     if engine.dialect.name != "sqlite" or database in ("", ":memory:"):
         return
     directory = os.path.dirname(os.path.abspath(database))
-    if not os.path.isdir(directory):
-        raise ConfigurationError(
-            f"sink {sink_id!r}: argument url: the SQLite file's directory {directory} does not "
-            "exist; create it or point url at an existing directory"
-        )
+
+    @event.listens_for(engine, "do_connect")
+    def _check(*_args: Any) -> None:
+        if not os.path.isdir(directory):
+            raise ConfigurationError(
+                f"sink {sink_id!r}: argument url: the SQLite file's directory {directory} does "
+                "not exist; create it or point url at an existing directory"
+            )
 
 
 class SqlTableSink(TwoPhaseCommitSink):
@@ -149,7 +156,7 @@ class SqlTableSink(TwoPhaseCommitSink):
                 f"sink {sink_id!r}: argument url: SqlTableSink supports "
                 f"{', '.join(SUPPORTED_DIALECTS)}, not {self.engine.dialect.name!r}"
             )
-        _check_sqlite_directory(sink_id, self.engine)
+        _guard_sqlite_directory(sink_id, self.engine)
         self._books = SinkBookkeeping(sink_id, self.engine)
         self._target: Table | None = None
         self._staging: Table | None = None

@@ -106,10 +106,6 @@ CASES = {
         op("transform=noop, sinks=['out']"),
         "stage 'ingest': argument sinks=['out'] is invalid: every item must be a two-phase-commit",
     ),
-    "missing SQLite directory": (
-        op("transform=noop, sinks=[SqlTableSink('rows', f'sqlite:///{TMP}/nowhere/x.db', 'rows')]"),
-        "sink 'rows': argument url: the SQLite file's directory",
-    ),
     "parquet commit_mode": (
         op("transform=noop, sinks=[ParquetTableSink('out', TMP + '/t', commit_mode='x')]"),
         "sink 'out': argument commit_mode='x' is not one of 'auto', 'rename', 'copy'",
@@ -148,3 +144,26 @@ def test_a_correct_stage_parses(tmp_path: Path) -> None:
     bag = DagBag(dag_folder=str(path), bundle_path=tmp_path, bundle_name="parse-check")
     assert bag.import_errors == {}
     assert list(bag.dags) == ["parse_check"]
+
+
+def test_a_missing_sqlite_directory_parses_and_fails_at_first_use_naming_the_sink(
+    tmp_path: Path,
+) -> None:
+    """The DAG processor may run where a SQLite sink's directory does not exist (or before a task
+    creates it): the DAG parses, and the sink's first connection fails naming the sink."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow_finalckpt.core.errors import ConfigurationError
+    from airflow_finalckpt.sinks import SqlTableSink
+
+    url = f"sqlite:///{tmp_path}/nowhere/x.db"
+    path = tmp_path / "parse_ok.py"
+    body = op(f"transform=noop, sinks=[SqlTableSink('rows', {url!r}, 'rows')]")
+    path.write_text(textwrap.dedent(DAG_FILE).format(tmp=str(tmp_path), body=body))
+    bag = DagBag(dag_folder=str(path), bundle_path=tmp_path, bundle_name="parse-check")
+    assert bag.import_errors == {}
+    sink = SqlTableSink("rows", url, "rows")
+    with pytest.raises(ConfigurationError, match="sink 'rows': argument url: the SQLite file's"):
+        sink.committed_txn_ids()
+    (tmp_path / "nowhere").mkdir()
+    assert sink.committed_txn_ids() == set()
