@@ -80,7 +80,7 @@ def branching_sinks(
     delay windows, and with ``lakehouse`` an Iceberg table (SQLite catalog in
     ``<output>/warehouse``) and a Delta table (``<output>/delta/<table>``) for each.
     """
-    if sql_url is None:  # the SQLite sink's directory must exist when the DAG is parsed
+    if sql_url is None:  # the SQLite sink's directory must exist when it first connects
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         sql_url = f"sqlite:///{output_dir}/delay_windows.db"
     sinks: dict[str, list[TwoPhaseCommitSink]] = {

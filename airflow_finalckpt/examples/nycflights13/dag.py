@@ -99,7 +99,7 @@ def build_dag(
     :param batch_hooks: per stage id, a hook run at the start of each of its batches (tests:
         pacing, so that a stop or a kill lands mid-way; the demo's injected crash).
     """
-    if sql_url is None:  # the SQLite sink's directory must exist when the DAG is parsed
+    if sql_url is None:  # the SQLite sink's directory must exist when it first connects
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         sql_url = f"sqlite:///{output_dir}/delay_windows.db"
     sizes = dict(batch_sizes or {})

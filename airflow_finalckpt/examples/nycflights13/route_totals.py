@@ -87,7 +87,7 @@ def route_totals_sinks(
     output_dir: str, sql_url: str | None = None
 ) -> list[ParquetTableSink | SqlTableSink]:
     """The Parquet table and the SQL table (upserted on the route) of the route totals."""
-    if sql_url is None:  # the SQLite sink's directory must exist when the DAG is parsed
+    if sql_url is None:  # the SQLite sink's directory must exist when it first connects
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     return [
         ParquetTableSink("route_totals_parquet", f"{output_dir}/route_totals"),
