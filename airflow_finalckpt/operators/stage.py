@@ -44,7 +44,7 @@ from airflow_finalckpt.core.pipeline_keys import default_pipeline_key, hints_sco
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
-from airflow_finalckpt.hooks.masking import code_signing_key, mask_task_secrets
+from airflow_finalckpt.hooks.masking import mask_task_secrets
 from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators import scheduling
 from airflow_finalckpt.operators.arguments import check_deploy_mode, check_execution, check_sinks
@@ -63,6 +63,7 @@ from airflow_finalckpt.operators.publishing import (
     upstream_manifests,
 )
 from airflow_finalckpt.operators.rerun import prepare_attempt, record_publication
+from airflow_finalckpt.operators.spark_launch import SPARK_SUBMISSION_KEY, SparkLaunchMixin
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
@@ -71,8 +72,7 @@ from airflow_finalckpt.runtime.runner import (
     StageSpec,
 )
 from airflow_finalckpt.spark.driver import spark_logic
-from airflow_finalckpt.spark.launch import ExecutionMode, SparkTarget, resolve_target
-from airflow_finalckpt.spark.launch.submit import SubmitLauncher
+from airflow_finalckpt.spark.launch import ExecutionMode
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.repository import pipeline_of_dag_run
 from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger, StageResumeTrigger
@@ -99,11 +99,8 @@ __all__ = [  # the XCom keys and publishing helpers keep their former import pat
     "primary_splits",
 ]
 
-#: A stage run through spark-submit: its submission id, driver epoch and Spark application id.
-SPARK_SUBMISSION_KEY = "spark_submission"
 
-
-class FinalCheckpointStageOperator(scheduling.RendersSinksOnCopies, BaseOperator):
+class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCopies, BaseOperator):
     """Run a PySpark stage with exactly-once output committed at its final checkpoint.
 
     :param transform: ``transform(ctx) -> DataFrame | None`` called per split batch; the frame
@@ -494,103 +491,6 @@ class FinalCheckpointStageOperator(scheduling.RendersSinksOnCopies, BaseOperator
         if self.transform is None:
             raise StageDefinitionError(f"stage {self.stage_id!r} has no transform")
         return self.transform
-
-    def _spark_session(self) -> SparkSession:
-        """The in-process session: ``local[*]``, a cluster master (client mode) or, for an
-        ``sc://`` URL, a Spark Connect session (static settings such as the UI are the
-        Connect server's, so only ``spark_conf`` is applied there).
-        """
-        from pyspark.sql import SparkSession  # pyspark: only when this task runs Spark
-
-        target = self._spark_target()
-        self.log.info("stage %s runs Spark %s", self.stage_id, target.describe())
-        builder = SparkSession.builder
-        if target.mode is ExecutionMode.CONNECT:
-            builder = builder.remote(target.master)
-            conf = dict(self.spark_conf)
-        else:
-            builder = builder.master(target.master)
-            conf = {"spark.ui.enabled": "false", **self.spark_conf}
-        builder = builder.appName(f"finalckpt-{self.dag_id}-{self.task_id}")
-        for k, v in conf.items():
-            builder = builder.config(k, v)
-        self._spark = builder.getOrCreate()
-        return self._spark
-
-    def _spark_target(self) -> SparkTarget:
-        """Execution mode, master and deploy mode (``airflow_finalckpt.spark.launch``)."""
-        target: SparkTarget | None = getattr(self, "_resolved_target", None)
-        if target is None:
-            target = resolve_target(
-                spark_master=self.spark_master,
-                spark_conn_id=self.spark_conn_id,
-                execution=self.spark_execution,
-                deploy_mode=self.spark_deploy_mode,
-            )
-            self._resolved_target = target
-        return target
-
-    def _run_submitted(
-        self,
-        context: Context,
-        coordinator: Coordinator,
-        settings: Any,
-        storage: CheckpointStorage,
-        job: StageJob,
-        code: StageCode,
-    ) -> StageRun:
-        """spark-submit the stage: the driver runs the runtime; this task reads its result
-        (or reattaches to a driver a previous try submitted and that still runs: the
-        submission is remembered in the task state store, see ``spark.launch.resumable``).
-        """
-        launcher = SubmitLauncher(
-            self._spark_target(),
-            storage,
-            store_url=settings.store_url,
-            store_url_masked=settings.masked_store_url(),
-            storage_options=settings.storage_options,
-            spark_conf=self.spark_conf,
-            app_name=f"finalckpt-{self.dag_id}-{self.task_id}",
-            log=self.log,
-            code_signing_key=code_signing_key(),
-        )
-        self._launcher: SubmitLauncher | None = launcher
-        driver_job, pickled = launcher.build_job(job, code)
-        # ResumableJobMixin: the submission record in the task state store across tries
-        outcome = launcher.run(driver_job, pickled, context)
-        resumable = launcher.resumable
-        context["ti"].xcom_push(
-            key=SPARK_SUBMISSION_KEY,
-            value={
-                "submission_id": outcome.submission_id,
-                "epoch": outcome.epoch,
-                "app_id": outcome.app_id,
-                "reconnected": outcome.reconnected,
-                "previous": resumable.previous if resumable is not None else None,
-                "state_store": launcher.state_store_kind,
-            },
-        )
-        return StageRun(
-            result=outcome.result,
-            epoch=outcome.epoch,
-            closer=self._closer(coordinator, outcome.epoch),
-            spark_started=True,
-        )
-
-    def on_kill(self) -> None:
-        """Stop the Spark work of this attempt (its uncommitted batch is redone later): the
-        in-process session's jobs, or the submitted driver (through the hook's on_kill).
-        """
-        launcher, self._launcher = getattr(self, "_launcher", None), None
-        if launcher is not None:
-            launcher.on_kill()
-        if self._spark is not None:
-            spark, self._spark = self._spark, None
-            if self._spark_target().mode is ExecutionMode.CONNECT:
-                spark.interruptAll()  # a Connect session has no SparkContext
-            else:
-                spark.sparkContext.cancelAllJobs()
-            spark.stop()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage (Airflow's provider calls it on success): sink tables with schema and
