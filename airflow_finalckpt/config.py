@@ -35,6 +35,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.provider_info import SECTION, SETTING_DEFAULTS, expand_default
+from airflow_finalckpt.store_password import with_store_password
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -570,7 +571,10 @@ def resolve_setting(name: str, overrides: Mapping[str, Any] | None = None) -> tu
         try:
             if source == SOURCE_CONNECTION:
                 raw = store_url_from_connection(raw)
-            return PARSERS[name](raw), source
+            value = PARSERS[name](raw)
+            if name == "store_url":  # a password kept apart (the Helm chart's Secret)
+                value = with_store_password(value)
+            return value, source
         except ValueError as exc:
             raise ConfigurationError(
                 f"invalid finalckpt setting {name} from {source}: {exc}"

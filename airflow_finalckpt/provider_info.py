@@ -63,6 +63,16 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "postgresql+psycopg://finalckpt@postgres:5432/finalckpt",
         sensitive=True,
     ),
+    "store_password": _option(
+        "Password of the store_url's user when that PostgreSQL URL carries none: the Helm "
+        "chart renders the URL without credentials and gives this from an existing Kubernetes "
+        "Secret (AIRFLOW__FINALCKPT__STORE_PASSWORD); elsewhere use store_password_secret / "
+        "_cmd or a secrets backend.",
+        "string",
+        None,
+        None,
+        sensitive=True,
+    ),
     "storage_uri": _option(
         "Root of the checkpoint storage: an fsspec URI or an absolute local path every worker "
         "(and Spark driver) sees.",
@@ -169,6 +179,16 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         None,
         None,
         sensitive=True,
+    ),
+    "auto_migrate": _option(
+        "Whether Airflow components (tasks, triggerer, api-server, DAG processor) bring the "
+        "store's schema to this package's revision themselves. Unset: true for a SQLite store, "
+        "false for PostgreSQL, whose schema only `finalckpt db upgrade` (the Helm chart's "
+        "migration Job) changes; a process then refuses an older schema, naming that command. "
+        "Spark drivers never migrate a PostgreSQL store.",
+        "boolean",
+        None,
+        "false",
     ),
     "spark_execution": _option(
         "How stage tasks run Spark when neither the operator nor the Spark connection's "

@@ -86,6 +86,22 @@ def pg_url(pg_available: bool) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_store_url(pg_url: str) -> str:
+    """``pg_url`` with its schema at head, as `finalckpt db upgrade` leaves it: Airflow
+    components and Spark drivers refuse a PostgreSQL store they would have to migrate.
+    """
+    from airflow_finalckpt.store.engine import make_engine
+    from airflow_finalckpt.store.migrate import ensure_schema
+
+    engine = make_engine(pg_url)
+    try:
+        ensure_schema(engine)
+    finally:
+        engine.dispose()
+    return pg_url
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A file-based SQLite URL in the test's temporary directory (the file does not exist yet)."""
     return f"sqlite:///{tmp_path / 'coordination.db'}"

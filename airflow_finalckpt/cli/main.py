@@ -7,6 +7,7 @@ package) end in one line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 
 import click
@@ -51,27 +52,52 @@ def db_url(store_url: str | None) -> None:
     click.echo(f"source: {source}")
 
 
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
+)
+
+
 @db.command("upgrade")
 @store_url_option
-def db_upgrade(store_url: str | None) -> None:
-    """Create or upgrade the schema to this package's head revision (safe to run concurrently)."""
-    from airflow_finalckpt.store.migrate import ensure_schema, head_revision
+@json_option
+def db_upgrade(store_url: str | None, as_json: bool) -> None:
+    """Create or upgrade the schema to this package's head revision (safe to run concurrently).
+
+    The one way a PostgreSQL store is migrated (the Helm chart's pre-install/pre-upgrade Job
+    runs it): Airflow components and Spark drivers only check the revision. Exit 0 when the
+    schema is at head afterwards, 1 on any error (unreachable, newer schema, bad URL).
+    """
+    from airflow_finalckpt.store.migrate import head_revision, upgrade_to_head
 
     with _user_errors(None, EXIT_FAILURE):
-        url, _source = _resolve_store_url(store_url)
+        url, source = _resolve_store_url(store_url)
     with _user_errors(url, EXIT_FAILURE):
         engine = _engine(url)
         try:
-            upgraded = ensure_schema(engine)
+            before, upgraded = upgrade_to_head(engine)
         finally:
             engine.dispose()
-    verb = "upgraded to" if upgraded else "already at"
-    click.echo(f"{mask_url(url)}: schema {verb} revision {head_revision()}")
+    head = head_revision()
+    if as_json:
+        doc = {
+            "store": mask_url(url),
+            "source": source,
+            "from_revision": before,
+            "revision": head,
+            "upgraded": upgraded,
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if upgraded:
+        click.echo(f"{mask_url(url)}: schema upgraded to revision {head} (from {before or 'none'})")
+    else:
+        click.echo(f"{mask_url(url)}: schema already at revision {head}")
 
 
 @db.command("check")
 @store_url_option
-def db_check(store_url: str | None) -> None:
+@json_option
+def db_check(store_url: str | None, as_json: bool) -> None:
     """Compare the schema revision with this package's head.
 
     Exit 0 when up to date, 1 when behind (run `finalckpt db upgrade`), 2 when the database is
@@ -85,7 +111,8 @@ def db_check(store_url: str | None) -> None:
 
     with _user_errors(None, EXIT_ERROR):
         url, source = _resolve_store_url(store_url)
-    click.echo(f"store: {mask_url(url)} (from {source})")
+    if not as_json:
+        click.echo(f"store: {mask_url(url)} (from {source})")
     with _user_errors(url, EXIT_ERROR):
         sqlite_path = sqlite_database_path(url)
         if sqlite_path and not os.path.exists(sqlite_path):
@@ -97,11 +124,22 @@ def db_check(store_url: str | None) -> None:
             finally:
                 engine.dispose()
     head = head_revision()
-    click.echo(f"current revision: {current or 'none'}{note}")
-    click.echo(f"head revision: {head}")
+    if as_json:
+        doc = {
+            "store": mask_url(url),
+            "source": source,
+            "current_revision": current,
+            "head_revision": head,
+            "up_to_date": current == head,
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(f"current revision: {current or 'none'}{note}")
+        click.echo(f"head revision: {head}")
     if current != head:
         _fail("schema is behind this package; run `finalckpt db upgrade`", EXIT_BEHIND)
-    click.echo("schema is up to date")
+    if not as_json:
+        click.echo("schema is up to date")
 
 
 main.add_command(checkpoints)

@@ -54,7 +54,7 @@ def _store(store_url: str | None, retention_days: float | None = None) -> Iterat
     """(settings, engine, storage) of the resolved store; user errors: one line, exit 2."""
     from airflow_finalckpt.config import load_settings
     from airflow_finalckpt.storage import CheckpointStorage
-    from airflow_finalckpt.store.migrate import ensure_schema
+    from airflow_finalckpt.store.migrate import require_schema
 
     with _user_errors(None, EXIT_ERROR):
         url, _ = _resolve_store_url(store_url)
@@ -65,7 +65,7 @@ def _store(store_url: str | None, retention_days: float | None = None) -> Iterat
         settings = load_settings(overrides)
         engine = _engine(url)
         try:
-            ensure_schema(engine)
+            require_schema(engine)
             storage = CheckpointStorage(settings.storage_uri, settings.storage_options)
             try:
                 yield settings, engine, storage

@@ -47,7 +47,7 @@ def _control(store_url: str | None) -> Iterator[PipelineControl]:
     """A PipelineControl on the resolved store; every user error ends in one line, exit 2."""
     from airflow_finalckpt.config import load_settings
     from airflow_finalckpt.storage import CheckpointStorage
-    from airflow_finalckpt.store.migrate import ensure_schema
+    from airflow_finalckpt.store.migrate import require_schema
 
     with _user_errors(None, EXIT_ERROR):
         url, _ = _resolve_store_url(store_url)
@@ -55,7 +55,7 @@ def _control(store_url: str | None) -> Iterator[PipelineControl]:
         settings = load_settings({"store_url": url})
         engine = _engine(url)
         try:
-            ensure_schema(engine)
+            require_schema(engine)
             control = PipelineControl(
                 engine, CheckpointStorage(settings.storage_uri, settings.storage_options)
             )

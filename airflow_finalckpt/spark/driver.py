@@ -50,10 +50,12 @@ from airflow_finalckpt.spark.job import (
 from airflow_finalckpt.spark.secrets import CODE_KEY_ENV, code_key, open_code, read_secrets_file
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
-from airflow_finalckpt.store.migrate import ensure_schema
+from airflow_finalckpt.store.migrate import auto_migrate_default, require_schema
+from airflow_finalckpt.store_password import with_store_password
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from sqlalchemy import Engine
 
 log = logging.getLogger("airflow_finalckpt.driver")
 
@@ -171,6 +173,8 @@ def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
     task's, or a clear error.
     """
     store_url = secrets.get("store_url") or os.environ.get(STORE_URL_ENV)
+    if store_url:  # Kubernetes: the chart's password-free URL + the password from a Secret
+        store_url = with_store_password(store_url, airflow_config=False)
     if not store_url:
         raise RuntimeError(
             f"the driver got no coordination store: no --secrets file and no {STORE_URL_ENV} "
@@ -182,6 +186,19 @@ def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
             f"task's {job.store_url_masked}"
         )
     return store_url
+
+
+def open_driver_store(store_url: str) -> Engine:
+    """The store's engine, its schema checked: a driver never migrates a shared (PostgreSQL)
+    store, whatever ``[finalckpt] auto_migrate`` says; a SQLite one is the machine's own.
+    """
+    engine = make_engine(store_url)
+    try:
+        require_schema(engine, auto_migrate=auto_migrate_default(engine))
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
 
 
 def run_job(job_uri: str, secrets_file: str | None = None) -> int:
@@ -211,8 +228,7 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
                 heartbeat.app_id = None
             return spark
 
-        engine = make_engine(store_url)
-        ensure_schema(engine)
+        engine = open_driver_store(store_url)
         coordinator = Coordinator(engine, job.pipeline_key, writer=storage)
         runner = assemble_runner(
             coordinator,

@@ -2,14 +2,17 @@
 
 A task (or the triggerer) that starts while the coordination database is down, restarting or
 not reachable yet (a pod that starts before its database, a fail-over) should neither hang nor
-fail at once: ``open_store`` connects and brings the schema to head, retrying connection
-failures with exponential back-off, and after the last attempt raises ``StoreUnreachableError``
-naming the store (password masked), the number of attempts and the last error.
+fail at once: ``open_store`` connects and checks that the schema is at head (a SQLite store
+brings itself there; a PostgreSQL one must have been upgraded by ``finalckpt db upgrade``, see
+``migrate.require_schema``), retrying connection failures with exponential back-off, and after
+the last attempt raises ``StoreUnreachableError`` naming the store (password masked), the number
+of attempts and the last error.
 
 Only connection-level failures are retried (``OperationalError``, ``InterfaceError``, a connection
-invalidated under us). A schema written by a newer package, a wrong driver or a malformed URL
-fail at once. Nothing is created before the database answers: the schema upgrade is one
-transaction (see ``migrate``), so an attempt that fails half-way leaves no partial schema.
+invalidated under us). A schema written by a newer package, one this process may not upgrade
+(``SchemaBehindError``), a wrong driver or a malformed URL fail at once. Nothing is created
+before the database answers: the schema upgrade is one transaction (see ``migrate``), so an
+attempt that fails half-way leaves no partial schema.
 
 The retry loop is tenacity's (a dependency of this package, and of Airflow): exponential waits
 (``wait_exponential``), a bounded number of attempts (``stop_after_attempt``), only connection
@@ -37,7 +40,7 @@ from tenacity import (
 from airflow_finalckpt.config import mask_url
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.store.engine import engine_kwargs, first_line, make_engine
-from airflow_finalckpt.store.migrate import ensure_schema
+from airflow_finalckpt.store.migrate import require_schema
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ def _connect_once(url: str) -> Engine:
     """One attempt: an engine with the schema at head; disposed of if the attempt fails."""
     engine = make_engine(url, **engine_kwargs(url))
     try:
-        ensure_schema(engine)
+        require_schema(engine)
     except BaseException:
         engine.dispose()
         raise
@@ -104,6 +107,10 @@ def open_store(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Engine:
     """An engine of the coordination store with its schema at head, once the database answers.
+
+    The schema is upgraded here only where ``migrate.require_schema`` allows it (SQLite unless
+    ``[finalckpt] auto_migrate`` says otherwise); a PostgreSQL store at an older revision raises
+    SchemaBehindError, naming ``finalckpt db upgrade``, at the first attempt.
 
     Tries ``retries + 1`` times, waiting ``backoff_s`` seconds after the first failure and twice
     as long after each next one (at most ``max_backoff_s``). Raises StoreUnreachableError after

@@ -223,13 +223,116 @@ def ensure_schema(engine: Engine) -> bool:
     """Bring the schema to head if it is behind; True if this call upgraded it.
 
     Safe to call from many processes at once. Raises ConfigurationError if the database was
-    migrated by a newer airflow-finalckpt.
+    migrated by a newer airflow-finalckpt. Only ``finalckpt db upgrade`` and stores that
+    migrate themselves (``require_schema``: SQLite by default) call it.
     """
+    return upgrade_to_head(engine)[1]
+
+
+def upgrade_to_head(engine: Engine) -> tuple[str | None, bool]:
+    """``ensure_schema`` that also says which revision the store was at before (None: empty)."""
     _create_sqlite_directory(engine)
     with migration_transaction(engine) as connection:
         before = _current_revision(connection)
         if before == head_revision():
-            return False
+            return before, False
         command.upgrade(alembic_config(connection), "head")
     log.info("coordination store schema upgraded from %s to %s", before or "empty", head_revision())
-    return True
+    return before, True
+
+
+# --------------------------------------------------------------------------- who migrates
+# A PostgreSQL store is shared by every Airflow component and Spark driver of a deployment: its
+# schema is the platform's to change (`finalckpt db upgrade`, the Helm chart's pre-install /
+# pre-upgrade Job), so that no process needs DDL rights and a rolling upgrade never migrates
+# from whichever pod starts first. The embedded SQLite default belongs to one machine and still
+# creates and upgrades itself, so `airflow standalone` + the README's command need nothing.
+
+AUTO_MIGRATE_OPTION = "auto_migrate"
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+class SchemaBehindError(ConfigurationError):
+    """The store's schema is older than this package's and this process may not migrate it."""
+
+    def __init__(self, message: str, *, current: str | None, required: str) -> None:
+        super().__init__(message)
+        self.current = current
+        self.required = required
+
+
+def auto_migrate_default(engine: Engine) -> bool:
+    """Whether a store migrates itself when nothing is configured: SQLite yes, others no."""
+    return engine.dialect.name == "sqlite"
+
+
+def parse_auto_migrate(raw: str, where: str) -> bool:
+    """``[finalckpt] auto_migrate`` as a boolean; a one-line error naming the option otherwise."""
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"invalid finalckpt setting {AUTO_MIGRATE_OPTION} from {where}: {raw!r} is not a "
+        "boolean; use true or false (unset: true for SQLite stores, false for PostgreSQL)"
+    )
+
+
+def configured_auto_migrate() -> bool | None:
+    """``[finalckpt] auto_migrate`` (env, then Airflow's config), None when unset."""
+    from airflow_finalckpt import config
+
+    env = config.env_var_name(AUTO_MIGRATE_OPTION)
+    if os.environ.get(env, "").strip():
+        return parse_auto_migrate(os.environ[env], f"env {env}")
+    raw = config._read_airflow_cfg(AUTO_MIGRATE_OPTION)
+    if raw is None or not raw.strip():
+        return None
+    return parse_auto_migrate(raw, f"airflow.cfg [finalckpt] {AUTO_MIGRATE_OPTION}")
+
+
+def require_schema(engine: Engine, *, auto_migrate: bool | None = None) -> bool:
+    """Make sure the store's schema is at head before this process uses it.
+
+    ``auto_migrate`` (default: ``[finalckpt] auto_migrate``, else ``auto_migrate_default``)
+    decides whether this process may bring it there itself (True if it did). Otherwise a
+    store at an older revision, or empty, raises SchemaBehindError naming ``finalckpt db
+    upgrade`` and both revisions, and nothing is written (no DDL, no version row).
+    """
+    if _may_read_first(engine) and current_revision(engine) == head_revision():
+        return False  # the common case: no write lock, no setting to read
+    if auto_migrate is None:
+        auto_migrate = configured_auto_migrate()
+    if auto_migrate is None:
+        auto_migrate = auto_migrate_default(engine)
+    if auto_migrate:
+        return ensure_schema(engine)
+    raise schema_behind(engine, current_revision(engine), head_revision())
+
+
+def _may_read_first(engine: Engine) -> bool:
+    """Whether the revision can be read before deciding: not for a SQLite file that does not
+    exist yet (connecting would create it, or fail on its missing directory).
+    """
+    if engine.dialect.name != "sqlite":
+        return True
+    path = sqlite_database_path(engine.url)
+    return path is not None and os.path.exists(path)
+
+
+def schema_behind(engine: Engine, current: str | None, required: str) -> SchemaBehindError:
+    """The one-line error of a store this process may not migrate."""
+    from airflow_finalckpt.config import mask_url
+
+    where = mask_url(engine.url.render_as_string(hide_password=False))
+    state = f"at schema revision {current}" if current else "empty (no schema)"
+    return SchemaBehindError(
+        f"coordination store {where} is {state}, airflow-finalckpt {package_version()} "
+        f"requires revision {required}: run `finalckpt db upgrade` (the Helm chart's migration "
+        f"Job runs it on install and upgrade; automatic migration is off for this "
+        f"{engine.dialect.name} store, [finalckpt] {AUTO_MIGRATE_OPTION})",
+        current=current,
+        required=required,
+    )

@@ -48,7 +48,7 @@ def files_holding(root: Path, secret: str) -> list[str]:
 
 def test_a_planted_password_is_nowhere_after_a_real_run(
     airflow_home: Any,
-    pg_url: str,
+    pg_store_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     write_dag: Callable[..., Any],
@@ -61,7 +61,7 @@ def test_a_planted_password_is_nowhere_after_a_real_run(
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    url = make_url(pg_url).set(password=PLANTED).render_as_string(hide_password=False)
+    url = make_url(pg_store_url).set(password=PLANTED).render_as_string(hide_password=False)
     monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", url)  # trust auth: any password works
     monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
     hook_module.dispose_engines()

@@ -105,7 +105,7 @@ def consumed(work: Path, run_id: str) -> list[dict[str, Any]]:
 
 
 def test_consumer_runs_once_per_commit_never_on_a_republish(
-    airflow_cluster: Callable[..., AirflowCluster], pg_url: str, tmp_path: Path
+    airflow_cluster: Callable[..., AirflowCluster], pg_store_url: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     work = tmp_path
@@ -114,7 +114,7 @@ def test_consumer_runs_once_per_commit_never_on_a_republish(
         cluster = airflow_cluster(
             [DAGS],
             extra_env={
-                "AIRFLOW__FINALCKPT__STORE_URL": pg_url,
+                "AIRFLOW__FINALCKPT__STORE_URL": pg_store_url,
                 "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "checkpoints"),
                 "FINALCKPT_E2E_WORK": str(work),
                 "AIRFLOW__METRICS__STATSD_ON": "True",

@@ -63,7 +63,7 @@ def _finished(coord: Coordinator, stage_id: str) -> frozenset[str]:
 
 
 def test_branches_defer_on_final_checkpoint_and_survive_sigkill(
-    airflow_cluster: Callable[..., Any], pg_url: str, tmp_path: Path
+    airflow_cluster: Callable[..., Any], pg_store_url: str, tmp_path: Path
 ) -> None:
     work = tmp_path
     gates = work / "gates"
@@ -74,7 +74,7 @@ def test_branches_defer_on_final_checkpoint_and_survive_sigkill(
     cluster = airflow_cluster(
         [DAGS],
         extra_env={
-            "AIRFLOW__FINALCKPT__STORE_URL": pg_url,
+            "AIRFLOW__FINALCKPT__STORE_URL": pg_store_url,
             "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "checkpoints"),
             # keep every checkpoint's _metadata for the assertions below
             "AIRFLOW__FINALCKPT__RETAIN_CHECKPOINTS": "100",
@@ -83,14 +83,14 @@ def test_branches_defer_on_final_checkpoint_and_survive_sigkill(
             "AIRFLOW__FINALCKPT__ATTEMPT_LEASE_S": "900",
             "FINALCKPT_E2E_WORK": str(work),
             "FINALCKPT_E2E_DAYS": str(DAYS),
-            "FINALCKPT_EXAMPLE_SQL_URL": pg_url,
+            "FINALCKPT_EXAMPLE_SQL_URL": pg_store_url,
         },
         expect_dags=[DAG_ID],
     )
     assert cluster.parallelism >= 2
     key = f"e2e-branching-{uuid.uuid4().hex[:8]}"
     run_id = cluster.trigger_dag(DAG_ID, conf={"pipeline_key": key})
-    coord = Coordinator(make_engine(pg_url), key)
+    coord = Coordinator(make_engine(pg_store_url), key)
 
     # delay_windows records its first batch, then holds its second (first try)
     _wait(lambda: _finished(coord, "delay_windows"), "delay_windows' first batch", 900, cluster)
@@ -191,7 +191,7 @@ def test_branches_defer_on_final_checkpoint_and_survive_sigkill(
         windows,
     )
     assert_windows_match(
-        SqlTableSink("delay_windows_sql", pg_url, "delay_windows").read_pandas(), windows
+        SqlTableSink("delay_windows_sql", pg_store_url, "delay_windows").read_pandas(), windows
     )
     assert_carrier_daily_match(
         ParquetTableSink("carrier_daily_parquet", f"{work}/output/carrier_daily").read_pandas(),

@@ -24,6 +24,31 @@ NAMESPACE = "airflow"
 #: kubernetes-validate); the chart's kubeVersion allows >= 1.25.
 KUBE_VERSION = "1.30"
 
+#: The one value the chart cannot default (it renders no credential): the existing Secret with
+#: the store's password, here the official chart's PostgreSQL Secret.
+STORE_PASSWORD_SECRET = "airflow-postgresql"
+STORE_PASSWORD_KEY = "postgres-password"
+REQUIRED_VALUES: dict[str, Any] = {
+    "coordinationDb": {"airflowPostgres": {"passwordSecret": {"name": STORE_PASSWORD_SECRET}}}
+}
+
+
+def merged(base: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
+    """``override`` deep-merged over ``base`` (a new dict; None values are kept: they unset)."""
+    result = dict(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def with_required(values: dict[str, Any] | None) -> dict[str, Any]:
+    """``values`` plus the required store password Secret (unless they name another)."""
+    return merged(REQUIRED_VALUES, values)
+
+
 NOTES_BEGIN = "# --- values for the official apache-airflow chart ---"
 NOTES_END = "# --- end ---"
 
@@ -78,8 +103,12 @@ def render_chart(
     *,
     release: str = RELEASE,
     namespace: str = NAMESPACE,
+    raw: bool = False,
 ) -> Rendered:
-    """Render like ``helm install`` (values validated against values.schema.json first)."""
+    """Render like ``helm install`` (values validated against values.schema.json first), with
+    the required store Secret added unless ``raw``.
+    """
+    values = values if raw else with_required(values)
     files = chart.render(values, name=release, namespace=namespace, is_install=True)
     rendered = Rendered(files=files)
     for path, text in sorted(files.items()):
@@ -94,8 +123,9 @@ def render_chart(
     return rendered
 
 
-def render_error(chart: Any, values: dict[str, Any]) -> str:
+def render_error(chart: Any, values: dict[str, Any], *, raw: bool = False) -> str:
     """Render bad values; return the error message (fails the test if rendering succeeds)."""
+    values = values if raw else with_required(values)
     with pytest.raises(helm.HelmError) as info:
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     return str(info.value)

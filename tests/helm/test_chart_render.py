@@ -15,9 +15,12 @@ from chart_helpers import (
     KUBE_VERSION,
     NAMESPACE,
     RELEASE,
+    STORE_PASSWORD_KEY,
+    STORE_PASSWORD_SECRET,
     Rendered,
     container_env,
     pod_spec,
+    with_required,
 )
 
 Render = Callable[..., Rendered]
@@ -25,15 +28,12 @@ Render = Callable[..., Rendered]
 K8S_MASTER = "k8s://https://kubernetes.default.svc:443"
 SPARK_IMAGE = "registry.example.com/spark-finalckpt:4.2.0"
 
-#: Every documented option (values.yaml comments, docs/operations.md), one scenario each.
+STORE_PASSWORD_REF = ("secret", STORE_PASSWORD_SECRET, STORE_PASSWORD_KEY)
+
+#: Every documented option (values.yaml comments, docs/operations.md), one scenario each; each
+#: names the store password's Secret (with_required below), the one value without a default.
 SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "external-db-url": {
-        "coordinationDb": {
-            "mode": "external",
-            "external": {"url": "postgresql+psycopg://fc:s3cr%40t@pg.example.com:5432/finalckpt"},
-        }
-    },
     "external-db-existing-secret": {
         "coordinationDb": {
             "mode": "external",
@@ -44,9 +44,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "airflow": {"releaseName": "prod-airflow"},
         "coordinationDb": {
             "airflowPostgres": {
-                "password": "p@ss word/1+x",
+                "user": "ckpt owner+1",
+                "passwordSecret": {"name": "ckpt-db", "key": "pw"},
                 "database": "ckpt",
-                "sslmode": "require",
+                "sslmode": "verify-full",
             }
         },
     },
@@ -137,6 +138,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "airflow": {"apiServerUrl": "https://airflow.example.com/"},
     },
 }
+SCENARIOS = {name: with_required(values) for name, values in SCENARIOS.items()}
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -175,13 +177,17 @@ def test_default_install(render: Render) -> None:
             f"ConfigMap/{RELEASE}-spark-defaults",
             f"Job/{RELEASE}-db-migrate",
             f"PersistentVolumeClaim/{RELEASE}-checkpoints",
-            f"Secret/{RELEASE}-store",
         ]
-    )
+    )  # no Secret: the store's password is in one the user made (the official chart's here)
     for manifest in rendered.manifests:
         assert manifest["metadata"]["namespace"] == NAMESPACE
     config = rendered.config()
     assert config == {
+        # a database on the official chart's PostgreSQL: no password, TLS required
+        "AIRFLOW__FINALCKPT__STORE_URL": (
+            "postgresql+psycopg://postgres@airflow-postgresql.airflow.svc:5432/finalckpt"
+            "?sslmode=require"
+        ),
         "AIRFLOW__FINALCKPT__STORAGE_URI": "/opt/airflow/finalckpt/checkpoints",
         "AIRFLOW__FINALCKPT__CHECKPOINT_INTERVAL_S": "60",
         "AIRFLOW__FINALCKPT__CHECKPOINT_TIMEOUT_S": "600",
@@ -192,11 +198,8 @@ def test_default_install(render: Render) -> None:
         "AIRFLOW__FINALCKPT__API_URL": "http://airflow-api-server.airflow.svc:8080",
         "SPARK_CONF_DIR": "/opt/finalckpt/spark-conf",
     }
-    # A database on the official chart's PostgreSQL (its service and default password).
-    assert rendered.secret_value(f"{RELEASE}-store", "url") == (
-        "postgresql+psycopg://postgres:postgres@airflow-postgresql.airflow.svc:5432/finalckpt"
-        "?sslmode=disable"
-    )
+    job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
+    assert job_env["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == STORE_PASSWORD_REF
     pvc = rendered.one("PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi"
@@ -207,12 +210,9 @@ def test_default_install(render: Render) -> None:
 def test_release_name_without_finalckpt_is_prefixed(render: Render) -> None:
     rendered = render(release="analytics", namespace="data")
     assert rendered.has("ConfigMap", "analytics-finalckpt-config")
-    assert rendered.has("Secret", "analytics-finalckpt-store")
     assert all(m["metadata"]["namespace"] == "data" for m in rendered.manifests)
-    assert "airflow-postgresql.data.svc" in rendered.secret_value(
-        "analytics-finalckpt-store", "url"
-    )
     config = rendered.one("ConfigMap", "analytics-finalckpt-config")["data"]
+    assert "@airflow-postgresql.data.svc:5432/" in config["AIRFLOW__FINALCKPT__STORE_URL"]
     assert config["AIRFLOW__FINALCKPT__API_URL"] == "http://airflow-api-server.data.svc:8080"
 
 
@@ -225,7 +225,7 @@ def _hook(manifest: dict[str, Any]) -> tuple[set[str], int]:
     return events, int(annotations.get("helm.sh/hook-weight", "0"))
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "external-db-url", "object-store"])
+@pytest.mark.parametrize("scenario", ["defaults", "external-db-existing-secret", "object-store"])
 def test_migration_job_is_a_hook_after_what_it_reads(render: Render, scenario: str) -> None:
     rendered = render(SCENARIOS[scenario])
     job = rendered.one("Job", f"{RELEASE}-db-migrate")
@@ -236,7 +236,10 @@ def test_migration_job_is_a_hook_after_what_it_reads(render: Render, scenario: s
     spec = pod_spec(job)
     main = spec["containers"][0]
     assert main["command"] + main["args"] == ["finalckpt", "db", "upgrade"]
-    assert container_env(main)["AIRFLOW__FINALCKPT__STORE_URL"][0] == "secret"
+    env = container_env(main)
+    store_env = "AIRFLOW__FINALCKPT__STORE_" + ("URL" if "external" in scenario else "PASSWORD")
+    assert env[store_env][0] == "secret"
+    assert "AIRFLOW__FINALCKPT__AUTO_MIGRATE" not in env
     # Everything the pod reads that this chart creates must be a hook of the same events with
     # a LOWER weight: non-hook resources do not exist yet before an install.
     referenced: list[tuple[str, str]] = []
@@ -264,12 +267,9 @@ def test_migration_creates_the_database_only_on_the_airflow_postgres(render: Ren
     init = default_spec["initContainers"]
     assert [c["name"] for c in init] == ["create-database"]
     assert "CREATE DATABASE" in init[0]["args"][0]
-    assert container_env(init[0])["AIRFLOW__FINALCKPT__STORE_URL"] == (
-        "secret",
-        f"{RELEASE}-store",
-        "url",
-    )
-    external_spec = pod_spec(render(SCENARIOS["external-db-url"]).one("Job"))
+    assert container_env(init[0])["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == STORE_PASSWORD_REF
+    assert init[0]["envFrom"] == [{"configMapRef": {"name": f"{RELEASE}-config"}}]
+    external_spec = pod_spec(render(SCENARIOS["external-db-existing-secret"]).one("Job"))
     assert "initContainers" not in external_spec
     no_create = render({"coordinationDb": {"airflowPostgres": {"createDatabase": False}}})
     assert "initContainers" not in pod_spec(no_create.one("Job"))
@@ -291,19 +291,13 @@ def test_migration_disabled_renders_no_job(render: Render) -> None:
 # --------------------------------------------------------------------------- coordination DB
 
 
-def test_external_db_url_goes_into_a_created_secret(render: Render) -> None:
-    rendered = render(SCENARIOS["external-db-url"])
-    url = SCENARIOS["external-db-url"]["coordinationDb"]["external"]["url"]
-    assert rendered.secret_value(f"{RELEASE}-store", "url") == url
-    env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-    assert env["AIRFLOW__FINALCKPT__STORE_URL"] == ("secret", f"{RELEASE}-store", "url")
-
-
 def test_external_db_existing_secret_is_referenced_not_created(render: Render) -> None:
     rendered = render(SCENARIOS["external-db-existing-secret"])
     assert not rendered.all("Secret")
+    assert "AIRFLOW__FINALCKPT__STORE_URL" not in rendered.config()
     env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
     assert env["AIRFLOW__FINALCKPT__STORE_URL"] == ("secret", "finalckpt-db", "store-url")
+    assert "AIRFLOW__FINALCKPT__STORE_PASSWORD" not in env
     official = rendered.official_values()
     assert official["secret"] == [
         {
@@ -314,16 +308,19 @@ def test_external_db_existing_secret_is_referenced_not_created(render: Render) -
     ]
 
 
-def test_airflow_postgres_url_escapes_credentials(render: Render) -> None:
+def test_airflow_postgres_url_escapes_the_user_and_holds_no_password(render: Render) -> None:
     from sqlalchemy.engine import make_url
 
     rendered = render(SCENARIOS["airflow-postgres-custom"])
-    url = make_url(rendered.secret_value(f"{RELEASE}-store", "url"))
+    url = make_url(rendered.config()["AIRFLOW__FINALCKPT__STORE_URL"])
     assert url.drivername == "postgresql+psycopg"
     assert url.host == "prod-airflow-postgresql.airflow.svc"
-    assert url.password == "p@ss word/1+x"
+    assert url.username == "ckpt owner+1"
+    assert url.password is None
     assert url.database == "ckpt"
-    assert dict(url.query) == {"sslmode": "require"}
+    assert dict(url.query) == {"sslmode": "verify-full"}
+    env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
+    assert env["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == ("secret", "ckpt-db", "pw")
 
 
 # --------------------------------------------------------------------------- storage
@@ -468,6 +465,14 @@ def test_spark_on_kubernetes_rbac_and_defaults(render: Render) -> None:
         "spark.kubernetes.authenticate.driver.serviceAccountName": f"{RELEASE}-spark",
         "spark.kubernetes.container.image": SPARK_IMAGE,
         "spark.kubernetes.namespace": "spark-jobs",
+        # the cluster-mode driver's store credential, by Secret reference (test_chart_secrets)
+        "spark.kubernetes.driver.secretKeyRef.AIRFLOW__FINALCKPT__STORE_PASSWORD": (
+            f"{STORE_PASSWORD_SECRET}:{STORE_PASSWORD_KEY}"
+        ),
+        "spark.kubernetes.driverEnv.AIRFLOW__FINALCKPT__STORE_URL": (
+            "postgresql+psycopg://postgres@airflow-postgresql.airflow.svc:5432/finalckpt"
+            "?sslmode=require"
+        ),
     }
 
 
@@ -534,11 +539,7 @@ def test_gc_cronjob(render: Render) -> None:
     assert 'finalckpt gc --pipeline "$key" --grace 900 || status=1' in script
     assert "--dry-run" not in script
     assert container["envFrom"] == [{"configMapRef": {"name": f"{RELEASE}-config"}}]
-    assert container_env(container)["AIRFLOW__FINALCKPT__STORE_URL"] == (
-        "secret",
-        f"{RELEASE}-store",
-        "url",
-    )
+    assert container_env(container)["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == STORE_PASSWORD_REF
     assert container["resources"]["limits"]["memory"] == "1Gi"
     dry = render({"gc": {**SCENARIOS["gc"]["gc"], "dryRun": True}}).one("CronJob")
     assert "--grace 900 --dry-run" in pod_spec(dry)["containers"][0]["args"][0]
@@ -596,20 +597,20 @@ def test_rendered_settings_are_accepted_by_the_plugin(
 ) -> None:
     """Every AIRFLOW__FINALCKPT__* the chart renders is a setting the plugin knows, and the
     plugin's own parsers accept the rendered value (store URL included)."""
+    from sqlalchemy.engine import make_url
+
     from airflow_finalckpt.config import PARSERS, env_var_name, resolve_setting
     from airflow_finalckpt.provider_info import API_CLIENT_OPTIONS
 
     cli_only = {env_var_name(name) for name in API_CLIENT_OPTIONS}  # test_chart_api_client.py
-    for scenario in ("defaults", "object-store", "external-db-url", "airflow-postgres-custom"):
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_PASSWORD", "from the Secret")
+    for scenario in ("defaults", "object-store", "airflow-postgres-custom"):
         rendered = render(SCENARIOS[scenario])
         env = {
             k: v
             for k, v in rendered.config().items()
             if k.startswith("AIRFLOW__FINALCKPT__") and k not in cli_only
         }
-        job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-        _, secret, key = job_env["AIRFLOW__FINALCKPT__STORE_URL"]
-        env["AIRFLOW__FINALCKPT__STORE_URL"] = rendered.secret_value(secret, key)
         names = {k.removeprefix("AIRFLOW__FINALCKPT__").lower() for k in env}
         assert names <= set(PARSERS), (scenario, names - set(PARSERS))
         for name in PARSERS:
@@ -619,8 +620,9 @@ def test_rendered_settings_are_accepted_by_the_plugin(
         for name in names:
             value, source = resolve_setting(name)
             assert source == f"env {env_var_name(name)}", (scenario, name, source)
-            if name == "store_url":
+            if name == "store_url":  # the URL of the ConfigMap + the password of the Secret
                 assert value.startswith("postgresql+psycopg://"), scenario
+                assert make_url(value).password == "from the Secret", scenario
             if name == "storage_uri":
                 assert value == env["AIRFLOW__FINALCKPT__STORAGE_URI"], scenario
 
@@ -651,10 +653,12 @@ def test_official_chart_values_reference_what_this_chart_provides(
     secrets = {
         s["envName"]: ("secret", s["secretName"], s["secretKey"]) for s in official["secret"]
     }
-    _, store_secret, store_key = secrets["AIRFLOW__FINALCKPT__STORE_URL"]
-    existing = SCENARIOS[scenario].get("coordinationDb", {}).get("external", {})
-    if not existing.get("existingSecret"):
-        assert rendered.secret_value(store_secret, store_key).startswith("postgresql")
+    assert not rendered.all("Secret")  # every Secret named is one the user made
+    if SCENARIOS[scenario]["coordinationDb"].get("mode") == "external":
+        assert secrets["AIRFLOW__FINALCKPT__STORE_URL"][1] == "finalckpt-db"
+    else:
+        assert secrets["AIRFLOW__FINALCKPT__STORE_PASSWORD"][0] == "secret"
+        assert rendered.config()["AIRFLOW__FINALCKPT__STORE_URL"].startswith("postgresql")
     if rendered.all("Job"):  # the Airflow pods get the migration job's secret env, and the
         # finalckpt CLI's Airflow login (the jobs do not call Airflow's API)
         job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])

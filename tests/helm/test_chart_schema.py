@@ -110,20 +110,25 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str, str]] = {
         "'/spark/deployMode'",
         "value must be one of 'client', 'cluster'",
     ),
-    "external db without url or secret": (
+    "external db without secret": (
         {"coordinationDb": {"mode": "external"}},
         "'/coordinationDb/external/existingSecret/name'",
         "minLength: got 0, want 1",
     ),
-    "external db url malformed": (
-        {"coordinationDb": {"mode": "external", "external": {"url": "mysql://u:p@h/db"}}},
-        "'/coordinationDb/external/url'",
-        "'mysql://u:p@h/db' does not match pattern",
+    "external db url as a value": (
+        {"coordinationDb": {"mode": "external", "external": {"url": "postgresql://u:p@h/db"}}},
+        "'/coordinationDb/external'",
+        "additional properties 'url' not allowed",
     ),
-    "external db url without database": (
-        {"coordinationDb": {"mode": "external", "external": {"url": "postgresql://u@h:5432"}}},
-        "'/coordinationDb/external/url'",
-        "does not match pattern",
+    "store password as a value": (
+        {"coordinationDb": {"airflowPostgres": {"password": "postgres"}}},
+        "'/coordinationDb/airflowPostgres'",
+        "additional properties 'password' not allowed",
+    ),
+    "store password in the settings configmap": (
+        {"settings": {"extra": {"store_password": "postgres"}}},
+        "'/settings/extra/store_password'",
+        "false schema",
     ),
     "db mode unknown": (
         {"coordinationDb": {"mode": "sqlite"}},

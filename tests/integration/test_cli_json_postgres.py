@@ -1,7 +1,7 @@
 """Every ``--json`` command of the installed ``finalckpt`` script prints one JSON document on
-stdout, nothing else, with PostgreSQL as the store: on a fresh database (the command runs the
-migrations, whose Alembic lines used to land on stdout under Airflow's logging) and on an
-existing one. Logs go to stderr.
+stdout, nothing else, with PostgreSQL as the store: on a fresh database (``db upgrade`` runs the
+migrations, whose Alembic lines used to land on stdout under Airflow's logging; other commands
+refuse a store they would have to migrate) and on an existing one. Logs go to stderr.
 
 Run as real subprocesses (the console script, Airflow's real logging setup), not CliRunner.
 """
@@ -79,19 +79,27 @@ def _savepoint(tmp_path: Path) -> str:
         engine.dispose()
 
 
-def test_fresh_database_is_migrated_and_stdout_is_only_json(
+def test_fresh_database_is_migrated_by_db_upgrade_and_stdout_is_only_json(
     cli_env: dict[str, str], pg_url: str, tmp_path: Path
 ) -> None:
     engine = make_engine(pg_url)
     try:
         assert current_revision(engine) is None
         path = _savepoint(tmp_path)
-        dry = finalckpt(
-            cli_env, "restore", DAG, "--from", path, "--dry-run", "--no-graph-check", "--json"
-        )
-        doc = parse_only_json(dry)  # the command migrated the empty database first
+        restore = ("restore", DAG, "--from", path, "--dry-run", "--no-graph-check", "--json")
+        refused = finalckpt(cli_env, *restore)  # a PostgreSQL store is not migrated on the way
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert "empty (no schema)" in refused.stderr
+        assert "run `finalckpt db upgrade`" in refused.stderr
+        assert current_revision(engine) is None
+        upgraded = parse_only_json(finalckpt(cli_env, "db", "upgrade", "--json"))
+        assert upgraded["from_revision"] is None and upgraded["upgraded"] is True
+        assert upgraded["revision"] == head_revision()
+        doc = parse_only_json(finalckpt(cli_env, *restore))
         assert doc["pipeline_key"] == KEY and doc["checkpoint_id"] == 1
         assert current_revision(engine) == head_revision()
+        check = parse_only_json(finalckpt(cli_env, "db", "check", "--json"))
+        assert check["up_to_date"] is True and check["current_revision"] == head_revision()
         result = finalckpt(cli_env, "status", DAG, RUN, "--json")
         assert result.returncode == 2
         assert result.stdout == ""  # Alembic's "Context impl PostgresqlImpl." was printed here

@@ -22,18 +22,21 @@ def test_every_setting_has_a_documented_option_and_a_default() -> None:
     assert set(SETTING_DEFAULTS) == set(PARSERS)
     # spark_execution (read by spark/launch/) is documented, without default: automatic; so
     # are the CLI's API client options (unset: [api] base_url, no credentials)
-    unresolved = ("spark_execution", "code_signing_key", *API_CLIENT_OPTIONS)
+    unresolved = ("spark_execution", "code_signing_key", "auto_migrate", "store_password")
+    unresolved = (*unresolved, *API_CLIENT_OPTIONS)
     assert set(CONFIG_OPTIONS) == {*PARSERS, *unresolved}
     for name in unresolved:
         assert CONFIG_OPTIONS[name]["default"] is None, name
     for name, option in CONFIG_OPTIONS.items():
-        assert option["description"] and option["type"] in ("string", "integer", "float"), name
+        kinds = ("string", "integer", "float", "boolean")
+        assert option["description"] and option["type"] in kinds, name
         # Airflow masks sensitive options and reads their _CMD / _SECRET variants
         assert option["example"] or option.get("sensitive"), name
     assert {n for n, o in CONFIG_OPTIONS.items() if o.get("sensitive")} == {
         "api_token",
         "api_password",
         "store_url",
+        "store_password",
         "code_signing_key",
     }
 

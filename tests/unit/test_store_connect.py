@@ -84,7 +84,7 @@ def test_a_store_that_answers_after_failures_is_opened_and_migrated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    real = connect.ensure_schema
+    real = connect.require_schema
     failures = iter([True, True])
 
     def flaky(engine: Any) -> bool:
@@ -92,7 +92,7 @@ def test_a_store_that_answers_after_failures_is_opened_and_migrated(
             raise OperationalError("SELECT 1", {}, Exception("the database is starting up"))
         return real(engine)
 
-    monkeypatch.setattr(connect, "ensure_schema", flaky)
+    monkeypatch.setattr(connect, "require_schema", flaky)
     rec = Recorder()
     engine = open_store(url, retries=5, backoff_s=2.0, on_retry=rec.on_retry, sleep=rec.sleep)
     try:
@@ -106,7 +106,7 @@ def test_other_errors_are_not_retried(tmp_path: Path, monkeypatch: pytest.Monkey
     def newer_schema(_engine: Any) -> bool:
         raise ConfigurationError("coordination database is at schema revision zzz, unknown")
 
-    monkeypatch.setattr(connect, "ensure_schema", newer_schema)
+    monkeypatch.setattr(connect, "require_schema", newer_schema)
     rec = Recorder()
     with pytest.raises(ConfigurationError, match="unknown") as info:
         open_store(f"sqlite:///{tmp_path / 's.db'}", on_retry=rec.on_retry, sleep=rec.sleep)

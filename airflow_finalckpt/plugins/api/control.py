@@ -46,12 +46,12 @@ def default_control() -> PipelineControl:
             from airflow_finalckpt.control import PipelineControl
             from airflow_finalckpt.storage import CheckpointStorage
             from airflow_finalckpt.store.engine import make_engine
-            from airflow_finalckpt.store.migrate import ensure_schema
+            from airflow_finalckpt.store.migrate import require_schema
 
             settings = load_settings()
             engine = make_engine(settings.store_url)
             try:
-                ensure_schema(engine)
+                require_schema(engine)  # the api-server migrates no PostgreSQL store
             except BaseException:
                 engine.dispose()
                 raise

@@ -58,9 +58,39 @@ from airflow_finalckpt.spark.secrets import (
     write_secrets_file,
 )
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store_password import STORE_PASSWORD_ENV
 
 #: A Kubernetes cluster-mode driver takes its credentials from a Kubernetes Secret.
 K8S_SECRET_REF = "spark.kubernetes.driver.secretKeyRef."
+K8S_DRIVER_ENV = "spark.kubernetes.driverEnv."
+
+
+def spark_defaults() -> dict[str, str]:
+    """The keys and values of ``$SPARK_CONF_DIR/spark-defaults.conf``, which spark-submit
+    applies too (the Helm chart renders the driver's Secret references there).
+    """
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        return {}
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf")) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return {}
+    pairs = (line.strip().split(None, 1) for line in lines)
+    return {p[0]: p[1] if len(p) > 1 else "" for p in pairs if p and not p[0].startswith("#")}
+
+
+def missing_secret_refs(needed: Sequence[str], conf: Mapping[str, str]) -> list[str]:
+    """The env variables of ``needed`` no ``secretKeyRef`` of ``conf`` gives the driver. The
+    store URL may also come as a password-free ``driverEnv`` value plus a Secret reference for
+    ``AIRFLOW__FINALCKPT__STORE_PASSWORD`` (what the Helm chart renders).
+    """
+    missing = [n for n in needed if K8S_SECRET_REF + n not in conf]
+    split_store = K8S_DRIVER_ENV + STORE_URL_ENV in conf and (
+        K8S_SECRET_REF + STORE_PASSWORD_ENV in conf
+    )
+    return [n for n in missing if not (n == STORE_URL_ENV and split_store)]
 
 
 class CodeShippingError(ConfigurationError):
@@ -336,7 +366,7 @@ class SubmitLauncher:
             needed = [STORE_URL_ENV] + ([CODE_KEY_ENV] if self.code_signing_key else [])
             if self._has_secret_options():
                 needed.append(STORAGE_OPTIONS_ENV)
-            missing = [n for n in needed if K8S_SECRET_REF + n not in self.spark_conf]
+            missing = missing_secret_refs(needed, {**spark_defaults(), **self.spark_conf})
             if missing:
                 confs = ", ".join(f"{K8S_SECRET_REF}{n}=<secret>:<key>" for n in missing)
                 raise ConfigurationError(

@@ -47,28 +47,33 @@ app.kubernetes.io/part-of: airflow-finalckpt
 {{- end }}
 
 {{/*
-Coordination database: the Secret and key holding the store URL.
+Coordination database. This chart renders no credential: the password (airflowPostgres mode)
+or the whole store URL (external mode) comes from a Secret you manage, named in the values,
+as env from a secretKeyRef. The URL the chart builds holds no password and asks for TLS
+(sslmode, default require).
 */}}
 {{- define "finalckpt.storeSecretName" -}}
-{{- if and (eq .Values.coordinationDb.mode "external") .Values.coordinationDb.external.existingSecret.name }}
-{{- .Values.coordinationDb.external.existingSecret.name }}
+{{- if eq .Values.coordinationDb.mode "external" }}
+{{- required "coordinationDb.external.existingSecret.name is required: name an existing Secret whose key holds the whole store URL, e.g. kubectl create secret generic finalckpt-store --from-literal=url='postgresql+psycopg://USER:PASSWORD@HOST:5432/finalckpt?sslmode=require' (this chart renders no credential)" .Values.coordinationDb.external.existingSecret.name }}
 {{- else }}
-{{- include "finalckpt.fullname" . }}-store
+{{- required (printf "coordinationDb.airflowPostgres.passwordSecret.name is required: name an existing Secret holding the password of coordinationDb.airflowPostgres.user, e.g. the official chart's: --set coordinationDb.airflowPostgres.passwordSecret.name=%s-postgresql (key postgres-password); this chart renders no credential" .Values.airflow.releaseName) .Values.coordinationDb.airflowPostgres.passwordSecret.name }}
 {{- end }}
 {{- end }}
 
 {{- define "finalckpt.storeSecretKey" -}}
-{{- if and (eq .Values.coordinationDb.mode "external") .Values.coordinationDb.external.existingSecret.name }}
+{{- if eq .Values.coordinationDb.mode "external" }}
 {{- .Values.coordinationDb.external.existingSecret.key | default "url" }}
-{{- else -}}
-url
+{{- else }}
+{{- .Values.coordinationDb.airflowPostgres.passwordSecret.key | default "postgres-password" }}
 {{- end }}
 {{- end }}
 
-{{/* Whether this chart creates the store Secret (not when an existing one is named). */}}
-{{- define "finalckpt.createStoreSecret" -}}
-{{- if not (and (eq .Values.coordinationDb.mode "external") .Values.coordinationDb.external.existingSecret.name) -}}
-true
+{{/* The env variable the store Secret's key becomes: the whole URL, or the password only. */}}
+{{- define "finalckpt.storeSecretEnv" -}}
+{{- if eq .Values.coordinationDb.mode "external" -}}
+AIRFLOW__FINALCKPT__STORE_URL
+{{- else -}}
+AIRFLOW__FINALCKPT__STORE_PASSWORD
 {{- end }}
 {{- end }}
 
@@ -77,15 +82,11 @@ true
 {{- $pg.host | default (printf "%s-postgresql.%s.svc" .Values.airflow.releaseName .Release.Namespace) }}
 {{- end }}
 
-{{/* The store URL this chart writes into its Secret (psycopg 3 driver). */}}
+{{/* The store URL this chart builds (airflowPostgres mode, psycopg 3): no password, TLS. */}}
 {{- define "finalckpt.storeUrl" -}}
-{{- if eq .Values.coordinationDb.mode "external" }}
-{{- required "coordinationDb.external.url or coordinationDb.external.existingSecret.name is required when coordinationDb.mode is external" .Values.coordinationDb.external.url }}
-{{- else }}
 {{- $pg := .Values.coordinationDb.airflowPostgres }}
 {{- /* urlquery writes a space as "+" (a literal "+" becomes %2B): userinfo needs %20. */}}
-{{- printf "postgresql+psycopg://%s:%s@%s:%d/%s?sslmode=%s" ($pg.user | urlquery | replace "+" "%20") ($pg.password | urlquery | replace "+" "%20") (include "finalckpt.airflowPostgresHost" .) (int $pg.port) $pg.database ($pg.sslmode | urlquery) }}
-{{- end }}
+{{- printf "postgresql+psycopg://%s@%s:%d/%s?sslmode=%s" ($pg.user | urlquery | replace "+" "%20") (include "finalckpt.airflowPostgresHost" .) (int $pg.port) $pg.database ($pg.sslmode | default "require" | urlquery) }}
 {{- end }}
 
 {{/*
@@ -171,6 +172,13 @@ Spark.
 {{- $_ := set $conf "spark.kubernetes.namespace" (include "finalckpt.sparkNamespace" .) }}
 {{- $_ := set $conf "spark.kubernetes.authenticate.driver.serviceAccountName" (include "finalckpt.sparkServiceAccountName" .) }}
 {{- $_ := set $conf "spark.kubernetes.container.image" .Values.spark.kubernetes.containerImage }}
+{{- if eq .Values.spark.deployMode "cluster" }}
+{{- /* a cluster-mode driver pod takes the store credential from the Secret (in the Spark namespace), never from its spec */}}
+{{- $_ := set $conf (printf "spark.kubernetes.driver.secretKeyRef.%s" (include "finalckpt.storeSecretEnv" .)) (printf "%s:%s" (include "finalckpt.storeSecretName" .) (include "finalckpt.storeSecretKey" .)) }}
+{{- if ne .Values.coordinationDb.mode "external" }}
+{{- $_ := set $conf "spark.kubernetes.driverEnv.AIRFLOW__FINALCKPT__STORE_URL" (include "finalckpt.storeUrl" .) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- range $k, $v := .Values.spark.conf }}{{ $_ := set $conf $k (toString $v) }}{{ end }}
 {{- range $k := keys $conf | sortAlpha }}
@@ -188,7 +196,7 @@ env from the settings ConfigMap, the store URL Secret, storage credentials, volu
 {{- end }}
 
 {{- define "finalckpt.secretEnv" -}}
-- name: AIRFLOW__FINALCKPT__STORE_URL
+- name: {{ include "finalckpt.storeSecretEnv" . }}
   valueFrom:
     secretKeyRef:
       name: {{ include "finalckpt.storeSecretName" . }}
@@ -266,7 +274,7 @@ images:
 extraEnvFrom: |
   {{- include "finalckpt.envFrom" . | nindent 2 }}
 secret:
-  - envName: AIRFLOW__FINALCKPT__STORE_URL
+  - envName: {{ include "finalckpt.storeSecretEnv" . }}
     secretName: {{ include "finalckpt.storeSecretName" . }}
     secretKey: {{ include "finalckpt.storeSecretKey" . }}
 {{- if eq .Values.checkpointStorage.mode "objectStore" }}
