@@ -573,7 +573,7 @@ def resolve_setting(name: str, overrides: Mapping[str, Any] | None = None) -> tu
                 raw = store_url_from_connection(raw)
             value = PARSERS[name](raw)
             if name == "store_url":  # a password kept apart (the Helm chart's Secret)
-                value = with_store_password(value)
+                value = with_store_password(value, _read_airflow_cfg)
             return value, source
         except ValueError as exc:
             raise ConfigurationError(

@@ -8,45 +8,41 @@ Airflow's config as any sensitive option (``store_password_secret`` / ``_cmd``, 
 backend). Wherever the store URL is resolved, a PostgreSQL URL without a password gets this one,
 so the rest of the package (connecting, masking, the code key) sees one URL as before.
 
-No import of ``config`` (which calls this): env first, then Airflow's config when importable.
+No import of ``config`` (which calls this, handing over its reader of Airflow's config); the
+Spark driver reads the env only.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+#: Reads ``[finalckpt] <name>`` from Airflow's config (``config._read_airflow_cfg``).
+CfgReader = Callable[[str], str | None]
 
 STORE_PASSWORD_OPTION = "store_password"
 STORE_PASSWORD_ENV = "AIRFLOW__FINALCKPT__STORE_PASSWORD"
 
 
-def configured_store_password(*, airflow_config: bool = True) -> str | None:
-    """The configured password (kept as it is: a Secret's bytes), None when unset."""
+def configured_store_password(read_cfg: CfgReader | None = None) -> str | None:
+    """The configured password (kept as it is: a Secret's bytes), None when unset: env first,
+    then ``read_cfg`` (config's reader of Airflow's ``[finalckpt]`` options) if given.
+    """
     value = os.environ.get(STORE_PASSWORD_ENV)
     if value:
         return value
-    if not airflow_config:
-        return None
-    try:
-        from airflow.configuration import conf
-
-        found = conf.get("finalckpt", STORE_PASSWORD_OPTION, fallback=None)
-    except Exception as exc:  # not installed, or a broken config: the option is unset here
-        log.debug("Airflow's config [finalckpt] %s not read: %s", STORE_PASSWORD_OPTION, exc)
-        return None
-    return str(found) if found else None
+    found = read_cfg(STORE_PASSWORD_OPTION) if read_cfg is not None else None
+    return found or None
 
 
-def with_store_password(url: str, *, airflow_config: bool = True) -> str:
+def with_store_password(url: str, read_cfg: CfgReader | None = None) -> str:
     """``url`` with the configured password when it is a PostgreSQL URL that has none."""
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
     if not parsed.drivername.startswith("postgres") or parsed.password is not None:
         return url
-    password = configured_store_password(airflow_config=airflow_config)
+    password = configured_store_password(read_cfg)
     if password is None:
         return url
     return parsed.set(password=password).render_as_string(hide_password=False)

@@ -174,7 +174,7 @@ def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
     """
     store_url = secrets.get("store_url") or os.environ.get(STORE_URL_ENV)
     if store_url:  # Kubernetes: the chart's password-free URL + the password from a Secret
-        store_url = with_store_password(store_url, airflow_config=False)
+        store_url = with_store_password(store_url)
     if not store_url:
         raise RuntimeError(
             f"the driver got no coordination store: no --secrets file and no {STORE_URL_ENV} "

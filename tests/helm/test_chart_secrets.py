@@ -170,7 +170,7 @@ def test_the_submitting_task_accepts_the_rendered_secret_references(
     monkeypatch.setenv(STORE_PASSWORD_ENV, PLANTED)
     url = conf[f"spark.kubernetes.driverEnv.{STORE_URL_ENV}"]
     assert PLANTED not in url
-    assert f":{PLANTED}@" in with_store_password(url, airflow_config=False)
+    assert f":{PLANTED}@" in with_store_password(url)
 
 
 # --------------------------------------------------------------------------- migrations
