@@ -62,7 +62,8 @@ def shared_engine(
     backoff_s: float | None = None,
     on_retry: RetryCallback | None = None,
 ) -> Engine:
-    """One engine per store URL and process, its schema brought to head once.
+    """One engine per store URL and process, its schema checked once (``open_store``: a SQLite
+    store is brought to head, a PostgreSQL one must be there already: `finalckpt db upgrade`).
 
     The first call of a process connects with bounded retries and exponential back-off
     (``retries`` / ``backoff_s``, default: the ``store_connect_retries`` /
@@ -178,7 +179,7 @@ class FinalCkptHook(BaseHook):
     # ------------------------------------------------------------------ resources
 
     def get_engine(self) -> Engine:
-        """The engine of the coordination store (cached per URL, schema ensured once).
+        """The engine of the coordination store (cached per URL, schema checked once).
 
         An unreachable store is retried with back-off (``store_connect_retries``,
         ``store_connect_backoff_s``), then StoreUnreachableError; nothing is created meanwhile.
