@@ -258,3 +258,29 @@ def test_installed_console_script(sqlite_url: str, tmp_path: Path) -> None:
     assert unreachable.stderr.startswith("error: cannot reach coordination database ")
     assert "Traceback" not in unreachable.stderr
     assert "hunter2" not in unreachable.stdout + unreachable.stderr
+
+
+def test_json_output_of_upgrade_and_check(sqlite_url: str) -> None:
+    """--json: one document on stdout, the same exit codes (check: 1 while behind)."""
+    behind = run("db", "check", "--store-url", sqlite_url, "--json")
+    assert behind.exit_code == 1
+    doc = json.loads(behind.stdout)
+    assert doc["current_revision"] is None and doc["up_to_date"] is False
+    assert doc["head_revision"] == migrate.head_revision()
+    assert_one_line_error(behind, "run `finalckpt db upgrade`")
+
+    upgraded = run("db", "upgrade", "--store-url", sqlite_url, "--json")
+    assert upgraded.exit_code == 0, upgraded.output
+    assert json.loads(upgraded.stdout) == {
+        "store": sqlite_url,
+        "source": "override",
+        "from_revision": None,
+        "revision": migrate.head_revision(),
+        "upgraded": True,
+    }
+    again = json.loads(run("db", "upgrade", "--store-url", sqlite_url, "--json").stdout)
+    assert again["upgraded"] is False and again["from_revision"] == migrate.head_revision()
+
+    check = run("db", "check", "--store-url", sqlite_url, "--json")
+    assert check.exit_code == 0
+    assert json.loads(check.stdout)["up_to_date"] is True
