@@ -49,7 +49,14 @@ from faults.runs import (
     _spec_fields,
     execute_run,
 )
-from faults.shapes import SHAPES
+from faults.scenarios import (
+    execute_scenario,
+    plan_scenarios,
+    scenario_figures,
+    scenario_lines,
+)
+from faults.scenarios import expand as expand_scenarios
+from faults.shapes import RANDOM_SHAPES, SHAPES
 from faults.verify import KNOWN_ISSUES
 from faults.worker import (
     CONCURRENT,
@@ -363,6 +370,7 @@ class CampaignResult:
             "fake_runs": sum(1 for r in self.reports if r.plan.kind == FAKE),
             "concurrent_runs": sum(1 for r in self.reports if r.plan.kind == CONCURRENT),
             "spark_runs": sum(1 for r in self.reports if r.plan.kind == SPARK),
+            "scenario_runs": sum(1 for r in self.reports if r.plan.scenario is not None),
             "external_runs": sum(1 for r in self.reports if r.plan.purpose.startswith("external")),
             "faulted_runs": sum(1 for r in self.reports if r.faulted),
             "faulted_spark_runs": sum(
@@ -383,7 +391,10 @@ class CampaignResult:
             "broken": sum(len(v.broken) for v in verdicts),
             "unclosed": sum(len(v.unclosed) for v in verdicts),
             "unrecovered": sum(1 for r in self.reports if not r.completed),
-            "hung": sum(1 for r in self.reports if r.hung),
+            "hung": sum(1 for r in self.reports if r.is_hung),
+            "late": sum(len(r.late) for r in self.reports),
+            "republished": sum(len(r.republished) for r in self.reports),
+            "ping_pong": sum(len(r.ping_pong) for r in self.reports),
             "out_of_order": sum(r.out_of_order for r in self.reports),
             "unexpected": sum(len(r.unexpected) for r in self.reports),
             "stale_commits": sum(len(r.stale_commits) for r in self.reports),
@@ -391,6 +402,7 @@ class CampaignResult:
             "garbage_units": sum(v.garbage_units or 0 for v in verdicts),
             "known_issues": dict(sorted(self.known_issues().items())),
             "shapes": shape_figures(self.reports),
+            "scenarios": scenario_figures(self.reports),
             "sinks": sink_figures(self.reports, self.sinks),
             "miscounted": sum(len(v.miscounted) for v in verdicts),
             "seconds": round(self.seconds, 1),
@@ -409,6 +421,9 @@ class CampaignResult:
         "unclosed",
         "unrecovered",
         "hung",
+        "late",
+        "republished",
+        "ping_pong",
         "unexpected",
         "stale_commits",
         "errors",
@@ -444,7 +459,10 @@ class CampaignResult:
         known = ", ".join(f"{k} {n}" for k, n in f["known_issues"].items())
         external = f", {f['external_runs']} external" if f["external_runs"] else ""
         concurrent = f", {f['concurrent_runs']} concurrent" if f["concurrent_runs"] else ""
+        if f["scenario_runs"]:
+            concurrent += f" ({f['scenario_runs']} scenarios)"
         lines = [f"  {line}" for line in shape_lines(f["shapes"])]
+        lines += [f"  {line}" for line in scenario_lines(f["scenarios"])]
         if set(self.sinks) & set(TABLE_SINKS):
             lines += [f"  {line}" for line in sink_lines(f["sinks"])]
         return "\n".join(
@@ -457,7 +475,9 @@ class CampaignResult:
                 f"lost {f['lost']}, duplicated {f['duplicated']}, wrong {f['wrong']}, "
                 f"orphaned {f['orphaned']}, double-committed {f['double_committed']}, "
                 f"leaked {f['leaked']}, pending {f['pending']}, broken {f['broken']}, "
-                f"unrecovered {f['unrecovered']}, hung {f['hung']}, unexpected {f['unexpected']}, "
+                f"unrecovered {f['unrecovered']}, hung runs {f['hung']}, late {f['late']}, "
+                f"publications off {f['republished']}, ping-pong {f['ping_pong']}, "
+                f"unexpected {f['unexpected']}, "
                 f"stale commits {f['stale_commits']} | known issues: {known or 'none'} | "
                 f"{f['seconds']:.0f} s",
                 *lines,
@@ -575,7 +595,7 @@ def shape_figures(reports: Sequence[RunReport]) -> dict[str, dict[str, Any]]:
     figures that must be zero."""
     shapes: dict[str, dict[str, Any]] = {}
     for report in reports:
-        if report.plan.kind != CONCURRENT or report.plan.shape is None:
+        if report.plan.kind != CONCURRENT or report.plan.shape is None or report.plan.scenario:
             continue
         f = shapes.setdefault(
             report.plan.shape,
@@ -623,7 +643,7 @@ def shape_figures(reports: Sequence[RunReport]) -> dict[str, dict[str, Any]]:
             f["pending"] += len(v.pending)
             f["broken"] += len(v.broken)
         f["unrecovered"] += int(not report.completed)
-        f["hung"] += int(report.hung)
+        f["hung"] += int(report.is_hung)
         f["unexpected"] += len(report.unexpected)
         f["stale_commits"] += len(report.stale_commits)
     for f in shapes.values():
@@ -662,7 +682,10 @@ def _concurrent_lane(
 
     for plan in plans:
         try:
-            report = execute_concurrent_run(env, plan)
+            if plan.scenario is not None:
+                report = execute_scenario(env, plan)
+            else:
+                report = execute_concurrent_run(env, plan)
         except Exception as exc:  # a harness failure must not hide the other runs
             report = RunReport(plan, error=f"{type(exc).__name__}: {exc}")
         reports.append(report)
@@ -728,16 +751,19 @@ def run_campaign(
     shapes: Sequence[str] | None = None,
     concurrent_lanes: int = 1,
     sinks: Sequence[str] = DEFAULT_SINKS,
+    scenarios: Sequence[str] = (),
 ) -> CampaignResult:
-    """Plan and execute a campaign; Spark runs, fake runs and ``concurrent_runs`` on branching
-    graphs (see :mod:`faults.concurrent`) go in parallel lanes, then the
-    ``external`` scenarios (see :mod:`faults.external`) one after another."""
+    """Plan and execute a campaign; Spark runs, fake runs, ``concurrent_runs`` on branching
+    graphs (see :mod:`faults.concurrent`) and the ``scenarios`` (:mod:`faults.scenarios`, in a
+    lane of their own) go in parallel lanes, then the ``external`` scenarios (see
+    :mod:`faults.external`) one after another."""
 
     sinks = tuple(sinks)
     if set(sinks) - set(SINK_KINDS) or not sinks or len(set(sinks)) < len(sinks):
         raise ValueError(f"sinks must be distinct kinds of {SINK_KINDS}, got {sinks}")
     plans = plan_campaign(runs, seed, spark_runs, sinks) if runs else []
-    concurrent_plans = plan_concurrent(concurrent_runs, seed, runs, tuple(shapes or SHAPES))
+    concurrent_plans = plan_concurrent(concurrent_runs, seed, runs, tuple(shapes or RANDOM_SHAPES))
+    scenario_plans = plan_scenarios(scenarios, seed, runs + concurrent_runs)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     start = time.monotonic()
     root = (
@@ -777,13 +803,20 @@ def run_campaign(
         for lane in range(count)
         if concurrent_plans[lane::count]
     ]
+    if scenario_plans:
+        threads.append(
+            threading.Thread(
+                target=_concurrent_lane, args=(env, scenario_plans, reports, progress), daemon=True
+            )
+        )
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         if external:
-            reports += _external_lane(env, external, runs + concurrent_runs, progress)
+            first = runs + concurrent_runs + len(scenario_plans)
+            reports += _external_lane(env, external, first, progress)
     finally:
         env.cleanup()
     reports.sort(key=lambda r: r.plan.index)
@@ -823,10 +856,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--shapes",
         default="diamond,fan,wide",
-        help="graph shapes of the concurrent runs, comma-separated: diamond, fan, wide",
+        help="graph shapes of the concurrent runs, comma-separated: diamond, fan, wide, "
+        "branching (the README's branching example)",
     )
     parser.add_argument(
         "--concurrent-lanes", type=int, default=1, help="concurrent runs at the same time"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default="",
+        help="also run the branching example's scenarios, comma-separated: failing-branch "
+        "(a branch fails on every try while its sibling waits: 4 runs), two-runs (a second "
+        "DAG run on the same pipeline key, refused and taking over: 2 runs), all",
     )
     parser.add_argument(
         "--sinks",
@@ -841,11 +882,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _checked_lists(
     parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[list[str], list[str], list[str]]:
-    """The external scenarios, shapes and sinks of the command line; a parser error if wrong."""
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The external scenarios, shapes, sinks and scenarios of the command line; a parser error
+    if wrong."""
     external = [name for name in args.external.split(",") if name]
-    if args.runs < (0 if external or args.concurrent else 1):
-        parser.error("--runs must be >= 1 (or >= 0 with --external or --concurrent)")
+    scenarios = [name for name in args.scenarios.split(",") if name]
+    if args.runs < (0 if external or args.concurrent or scenarios else 1):
+        parser.error("--runs must be >= 1 (or >= 0 with --external, --concurrent or --scenarios)")
+    try:
+        scenarios = expand_scenarios(scenarios)
+    except ValueError as exc:
+        parser.error(f"--scenarios: {exc}")
     shapes = [name for name in args.shapes.split(",") if name]
     sinks = [name for name in args.sinks.split(",") if name]
     if sorted(set(sinks) - set(SINK_KINDS)) or not sinks or len(set(sinks)) < len(sinks):
@@ -857,7 +904,7 @@ def _checked_lists(
         expand_names(external)
     except ValueError as exc:
         parser.error(str(exc))
-    return external, shapes, sinks
+    return external, shapes, sinks, scenarios
 
 
 def _print_progress(report: RunReport) -> None:
@@ -867,7 +914,7 @@ def _print_progress(report: RunReport) -> None:
     )
     status = "ok" if not report.problems() else "PROBLEMS"
     purpose = report.plan.purpose
-    label = f"{purpose}: " if purpose.startswith(("external", "concurrent")) else ""
+    label = f"{purpose}: " if purpose.startswith(("external", "concurrent", "scenario")) else ""
     if report.out_of_order:
         label += f"{report.out_of_order} out-of-order; "
     print(
@@ -894,7 +941,7 @@ def _print_result(result: CampaignResult, *, verbose: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    external, shapes, sinks = _checked_lists(parser, args)
+    external, shapes, sinks, scenarios = _checked_lists(parser, args)
     workdir = args.workdir or tempfile.mkdtemp(prefix="finalckpt-faults-")
     result = run_campaign(
         args.runs,
@@ -912,6 +959,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes=shapes,
         concurrent_lanes=args.concurrent_lanes,
         sinks=sinks,
+        scenarios=scenarios,
     )
     _print_result(result, verbose=args.verbose)
     if args.report:

@@ -34,12 +34,16 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, func, select
 
 from airflow_finalckpt.coordination import CheckpointInfo, Coordinator, StageView
-from airflow_finalckpt.core.errors import FinalCheckpointError, StaleEpochError
+from airflow_finalckpt.core.errors import (
+    FinalCheckpointError,
+    PipelineDrivenError,
+    StaleEpochError,
+)
 from airflow_finalckpt.core.model import StageLifecycle
 from faults.injector import FaultInjector, FaultSpec
 from faults.points import POINTS, Action
 from faults.runs import Environment, RunPlan, RunReport, _classify, stale_commits, verify_against
-from faults.shapes import PUBLISH, SHAPES, Shape
+from faults.shapes import PUBLISH, PUBLISHING, RANDOM_SHAPES, SHAPES, Shape
 from faults.worker import CONCURRENT, AttemptOutcome, RunSetup
 
 if TYPE_CHECKING:
@@ -56,6 +60,14 @@ CLOSE_TIMEOUT_S = 45.0
 POLL_S = 0.05
 #: Clean attempts per stage after its planned faults.
 CLEAN_RETRIES = 3
+#: Every stage attempt belongs to a DAG run of this DAG (``start_pipeline``'s driver);
+#: ``DAG_RUN`` is the run of every random run (scenarios add a second one).
+DAG_ID = "faults"
+DAG_RUN = "run-1"
+#: Attempt ends that Airflow does not retry: the pipeline is driven by another DAG run
+#: (``PipelineDrivenError``: refused at its start), or a stale attempt of a run another run
+#: took over (``operators.failures.taken_over``).
+PERMANENT = frozenset({"refused", "taken-over"})
 #: Modules the fork server imports once, so a stage attempt starts in milliseconds.
 PRELOAD = (
     "pandas",
@@ -79,10 +91,14 @@ class StageJob:
     stage_id: str
     attempt: int
     faults: tuple[dict[str, Any], ...] = ()
+    #: The DAG run the attempt belongs to, and whether that run takes the pipeline over.
+    dag_run: str = DAG_RUN
+    take_over: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.setup.run_id}.{self.stage_id}.a{self.attempt}"
+        run = "" if self.dag_run == DAG_RUN else f".{self.dag_run}"
+        return f"{self.setup.run_id}{run}.{self.stage_id}.a{self.attempt}"
 
 
 def upstream_manifests(coordinator: Coordinator, shape: Shape, stage_id: str) -> dict[str, Any]:
@@ -113,7 +129,7 @@ def build_runner(
     from faults.shapes import make_logic, stage_splits
 
     splits = stage_splits(shape, stage_id, upstream_manifests(coordinator, shape, stage_id))
-    publish = shape.stage(stage_id).role == PUBLISH
+    publish = shape.stage(stage_id).role in PUBLISHING
     logic = make_logic(shape, stage_id, storage, coordinator.pipeline_key, sinks)
     return StageRunner(
         coordinator,
@@ -124,6 +140,7 @@ def build_runner(
             batch_size=setup.batch_sizes.get(stage_id, 2),
             checkpoint_interval_s=setup.checkpoint_interval_s,
             commit_mode=CommitMode(setup.commit_mode),
+            attempt_lease_s=setup.attempt_lease_s,
         ),
         logic,
         list(sinks) if publish else [],
@@ -192,6 +209,20 @@ def run_stage_to_close(
     return True
 
 
+def join_pipeline(
+    coordinator: Coordinator, shape: Shape, stage_id: str, dag_run: str, take_over: bool
+) -> bool:
+    """Start the pipeline as a stage task of DAG run ``dag_run`` does (``start_pipeline`` with
+    its driver, then ``link_dag_run``); True if the stage's commit belongs to an earlier DAG
+    run, which announced it: this attempt only re-publishes, without an Asset event."""
+    options = getattr(coordinator, "options", None)  # the fault proxy pins the run's options
+    coordinator.start_pipeline(
+        shape.graph(), options=options, driver=(DAG_ID, dag_run), take_over=take_over
+    )
+    coordinator.link_dag_run(DAG_ID, dag_run)
+    return coordinator.closed_before_dag_run(stage_id, DAG_ID, dag_run)
+
+
 def _successor(
     setup: RunSetup, shape: Shape, label: str, log: logging.Logger
 ) -> Callable[[str], None]:
@@ -249,10 +280,22 @@ def _coordinator(
     )
 
 
-def _lifecycle_reader(engine: Engine, pipeline_key: str) -> Callable[[], dict[str, str]]:
-    """Every stage's lifecycle, read without fault points (for holds: ``FaultSpec.until``)."""
-    reader = Coordinator(engine, pipeline_key)
-    return lambda: {sid: view.lifecycle.value for sid, view in reader.stages().items()}
+def _lifecycle_reader(engine: Engine, setup: RunSetup) -> Callable[[], dict[str, str]]:
+    """Every stage's lifecycle, read without fault points (for holds: ``FaultSpec.until``),
+    and the scheduler's markers: ``@<name>`` is FINISHED once a ``marker`` event named
+    ``<name>`` is in the run's events (a hold until something outside the store happened)."""
+    from faults.injector import read_events
+
+    reader = Coordinator(engine, setup.pipeline_key)
+
+    def read() -> dict[str, str]:
+        states = {sid: view.lifecycle.value for sid, view in reader.stages().items()}
+        for event in read_events(setup.events_path):
+            if event.get("event") == "marker":
+                states[f"@{event['name']}"] = StageLifecycle.FINISHED.value
+        return states
+
+    return read
 
 
 def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
@@ -277,14 +320,17 @@ def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
     append_event(setup.events_path, {"event": "attempt", "label": label, "pid": os.getpid()})
     engine = make_engine(setup.store_url)
     real_sinks = make_sinks(setup)
+    coordinator: Coordinator | None = None
     try:
         storage = FaultyStorage(setup.storage_root, injector)
         sinks = [FaultySink(s, injector) for s in real_sinks]
         injector.zombie = _successor(setup, shape, label, stage_log)
-        injector.lifecycles = _lifecycle_reader(engine, setup.pipeline_key)
+        injector.lifecycles = _lifecycle_reader(engine, setup)
+        coordinator = _coordinator(engine, setup, storage, injector)
+        republish = join_pipeline(coordinator, shape, job.stage_id, job.dag_run, job.take_over)
         with gc_hook(injector, setup.gc_grace_s):
             done = run_stage_to_close(
-                _coordinator(engine, setup, storage, injector),
+                coordinator,
                 storage,
                 sinks,
                 setup,
@@ -294,9 +340,27 @@ def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
                 fault=lambda point: injector.hit(point, job.stage_id),
             )
         outcome.status = "completed" if done else "suspended"
-    except StaleEpochError as exc:
-        stage_log.warning("stage %s: stale attempt stops itself: %s", exc.stage_id, exc)
-        outcome.status, outcome.error_type, outcome.error = "stale", type(exc).__name__, str(exc)
+        if done and not republish:  # the task's success emits the stage's Asset events
+            view = coordinator.stage(job.stage_id)
+            publication = {"stage": job.stage_id, "dag_run": job.dag_run, "label": label}
+            closed_on = {"closed_on": view.closed_checkpoint_id}
+            append_event(setup.events_path, {"event": "publication", **publication, **closed_on})
+    except PipelineDrivenError as exc:  # permanent: Airflow does not retry it
+        stage_log.warning("attempt %s refused: %s", label, exc)
+        outcome.status, outcome.error_type, outcome.error = "refused", type(exc).__name__, str(exc)
+    except (StaleEpochError, FinalCheckpointError) as exc:
+        driver = _driver(coordinator)
+        if driver is not None and driver != (DAG_ID, job.dag_run):
+            # operators.failures.taken_over: the run lost its pipeline, the task fails for good
+            stage_log.warning("attempt %s: taken over by %s: %s", label, driver, exc)
+            outcome.status = "taken-over"
+        elif isinstance(exc, StaleEpochError):
+            stage_log.warning("stage %s: stale attempt stops itself: %s", exc.stage_id, exc)
+            outcome.status = "stale"
+        else:
+            stage_log.warning("attempt %s failed: %s: %s", label, type(exc).__name__, exc)
+            outcome.status = "failed"
+        outcome.error_type, outcome.error = type(exc).__name__, str(exc)
     except Exception as exc:
         stage_log.warning("attempt %s failed: %s: %s", label, type(exc).__name__, exc)
         outcome.status, outcome.error_type, outcome.error = "failed", type(exc).__name__, str(exc)
@@ -309,6 +373,16 @@ def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
     outcome.hits = dict(injector.hits)
     outcome.fired = list(injector.fired)
     return outcome
+
+
+def _driver(coordinator: Coordinator | None) -> tuple[str, str] | None:
+    """The DAG run driving the pipeline, read without fault points (None if unknown)."""
+    if coordinator is None:
+        return None
+    try:
+        return Coordinator(coordinator.engine, coordinator.pipeline_key).driver()
+    except Exception:
+        return None
 
 
 def stage_main(job: StageJob, conn: Connection, output_path: str) -> None:
@@ -348,24 +422,39 @@ class _Attempt:
 
 @dataclass
 class StageScheduler:
-    """Starts stage attempts as Airflow would (downstream after upstream closed, retries after
-    failures) and collects their outcomes; ``hung`` if the run outlived its timeout."""
+    """Starts stage attempts of one DAG run as Airflow would (downstream after upstream closed,
+    every ready stage at once, retries after failures; a stage out of tries fails for good and
+    its downstream stages never start, while the other branches go on) and collects their
+    outcomes; ``hung`` if the run outlived its timeout."""
 
     plan: RunPlan
     setup: RunSetup
     shape: Shape
     run_timeout_s: float = RUN_TIMEOUT_S
+    #: The DAG run whose tasks these are, and whether it takes the pipeline over.
+    dag_run: str = DAG_RUN
+    take_over: bool = False
     outcomes: list[AttemptOutcome] = field(default_factory=list)
     closed: set[str] = field(default_factory=set)
     started: Counter[str] = field(default_factory=Counter)
     running: dict[str, _Attempt] = field(default_factory=dict)
+    #: Stages that failed for good (out of tries, or a permanent error), in order.
     gave_up: list[str] = field(default_factory=list)
+    #: When each attempt started and ended (label -> monotonic seconds).
+    launched_at: dict[str, float] = field(default_factory=dict)
+    ended_at: dict[str, float] = field(default_factory=dict)
     hung: bool = False
 
     def faults_for(self, stage_id: str, attempt: int) -> tuple[dict[str, Any], ...]:
         if attempt > len(self.plan.attempts):
             return ()
         return tuple(s.to_dict() for s in self.plan.attempts[attempt - 1] if s.stage == stage_id)
+
+    def tries(self, stage_id: str) -> int:
+        """A stage's tries: its planned faulty attempts, plus clean ones unless it is doomed."""
+        if stage_id in self.plan.doomed:
+            return max(1, len(self.plan.attempts))
+        return len(self.plan.attempts) + CLEAN_RETRIES
 
     def kill_for(self, stage_id: str, attempt: int) -> float | None:
         if self.plan.kill_stage != stage_id or attempt > len(self.plan.kills):
@@ -378,6 +467,7 @@ class StageScheduler:
             for s in self.shape.stages
             if s.stage_id not in self.closed
             and s.stage_id not in self.running
+            and s.stage_id not in self.gave_up
             and all(up in self.closed for up in s.upstream)
         ]
 
@@ -385,7 +475,13 @@ class StageScheduler:
         attempt = self.started[stage_id] + 1
         self.started[stage_id] = attempt
         job = StageJob(
-            self.setup, self.shape.name, stage_id, attempt, self.faults_for(stage_id, attempt)
+            self.setup,
+            self.shape.name,
+            stage_id,
+            attempt,
+            self.faults_for(stage_id, attempt),
+            dag_run=self.dag_run,
+            take_over=self.take_over,
         )
         context = process_context()
         parent, child = context.Pipe()
@@ -393,8 +489,10 @@ class StageScheduler:
         process = context.Process(target=stage_main, args=(job, child, output), daemon=True)
         process.start()
         child.close()
+        now = time.monotonic()
+        self.launched_at[job.label] = now
         self.running[stage_id] = _Attempt(
-            job, process, parent, time.monotonic(), self.kill_for(stage_id, attempt)
+            job, process, parent, now, self.kill_for(stage_id, attempt)
         )
 
     def _end(self, stage_id: str, outcome: AttemptOutcome) -> None:
@@ -403,9 +501,10 @@ class StageScheduler:
         attempt.process.join(5)
         outcome.exitcode = attempt.process.exitcode
         self.outcomes.append(outcome)
+        self.ended_at[outcome.label] = time.monotonic()
         if outcome.status == "completed":
             self.closed.add(stage_id)
-        elif self.started[stage_id] >= len(self.plan.attempts) + CLEAN_RETRIES:
+        elif outcome.status in PERMANENT or self.started[stage_id] >= self.tries(stage_id):
             self.gave_up.append(stage_id)
 
     def poll(self, stage_id: str, now: float) -> None:
@@ -433,18 +532,27 @@ class StageScheduler:
                 AttemptOutcome(label, "hung", error=f"no result after {elapsed:.0f} s"),
             )
 
+    def step(self) -> bool:
+        """Start what is ready, poll what runs; False once nothing runs and nothing can start
+        (every stage closed, failed for good, or downstream of one that did)."""
+        for stage_id in self.ready():
+            self.launch(stage_id)
+        now = time.monotonic()
+        for stage_id in list(self.running):
+            self.poll(stage_id, now)
+        return bool(self.running or self.ready())
+
     def run(self) -> None:
         deadline = time.monotonic() + self.run_timeout_s
-        while len(self.closed) < len(self.shape.stages) and not self.gave_up:
-            for stage_id in self.ready():
-                self.launch(stage_id)
-            now = time.monotonic()
-            for stage_id in list(self.running):
-                self.poll(stage_id, now)
-            if now > deadline:
+        while self.step():
+            if time.monotonic() > deadline:
                 self.hung = True
                 break
             time.sleep(0.02)
+        self.stop()
+
+    def stop(self) -> None:
+        """Kill what still runs (the run ended or hung)."""
         for attempt in list(self.running.values()):
             _sigkill(attempt.process.pid)
             attempt.process.join(5)
@@ -485,12 +593,42 @@ def execute_concurrent_run(env: Environment, plan: RunPlan) -> RunReport:
             report.unexpected.append(problem)
     report.attempts = scheduler.outcomes
     report.completed = len(scheduler.closed) == len(scheduler.shape.stages)
-    report.hung = scheduler.hung or any(o.status == "hung" for o in scheduler.outcomes)
+    report.hung = scheduler.hung
     report.stale_commits = stale_commits(events)
+    report.republished = publication_problems(events, closed_stages(setup))
     report.verdict = verify_against(setup, env.expected(plan), KEY_COLUMNS)
     report.out_of_order, report.late_closes = _closes(setup)
     report.seconds = time.monotonic() - start
     return report
+
+
+def closed_stages(setup: RunSetup) -> set[str]:
+    """The stages the run's store shows CLOSED."""
+    from airflow_finalckpt.store.engine import make_engine
+
+    engine = make_engine(setup.store_url)
+    try:
+        views = Coordinator(engine, setup.pipeline_key).stages()
+    finally:
+        engine.dispose()
+    return {sid for sid, view in views.items() if view.lifecycle is StageLifecycle.CLOSED}
+
+
+def publication_problems(events: Sequence[dict[str, Any]], closed: set[str]) -> list[str]:
+    """One publication (the Asset events of a task's success) per commit: every CLOSED stage
+    announced exactly once, over all DAG runs, and no other stage announced."""
+    runs: dict[str, list[str]] = {}
+    for event in events:
+        if event.get("event") == "publication":
+            runs.setdefault(event["stage"], []).append(event["dag_run"])
+    found = []
+    for stage_id in sorted(closed | set(runs)):
+        by = runs.get(stage_id, [])
+        if stage_id not in closed:
+            found.append(f"stage {stage_id} is not CLOSED but was announced by {by}")
+        elif len(by) != 1:
+            found.append(f"stage {stage_id} closed once, announced {len(by)} times (by {by})")
+    return found
 
 
 def _closes(setup: RunSetup) -> tuple[int, int]:
@@ -599,7 +737,7 @@ def stage_points(shape: Shape, stage_id: str) -> list[str]:
     role = shape.stage(stage_id).role
     names = []
     for name, spec in sorted(POINTS.items()):
-        if spec.sink_stage_only and role != PUBLISH:
+        if spec.sink_stage_only and role not in PUBLISHING:
             continue
         if name == "state-mid-write" and role == PUBLISH:
             continue
@@ -704,7 +842,7 @@ def plan_concurrent_run(
     for stage_id in shape.stage_ids:
         if rng.random() < 0.5:
             first.append(_spec(rng, coverage.next_point(shape, stage_id), stage_id))
-    publishers = shape.roles(PUBLISH)
+    publishers = shape.roles(*PUBLISHING)
     if rng.random() < 0.15:  # a crash after staging leaves an orphan the retry aborts
         pub = rng.choice(publishers)
         first = [s for s in first if s.stage != pub]
@@ -757,7 +895,7 @@ def plan_concurrent_run(
 
 
 def plan_concurrent(
-    runs: int, seed: int, first_index: int, shapes: Sequence[str] = tuple(SHAPES)
+    runs: int, seed: int, first_index: int, shapes: Sequence[str] = RANDOM_SHAPES
 ) -> list[RunPlan]:
     """``runs`` plans spread round-robin over ``shapes``, deterministic for a seed."""
     rng = random.Random(seed * 7919 + 13)

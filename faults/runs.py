@@ -39,6 +39,8 @@ DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 #: Clean attempts after the planned faults before a run counts as unrecovered.
 CLEAN_RETRIES = 3
 FAKE_ATTEMPT_TIMEOUT_S = 180.0
+#: What a finished stage's attempt says when it gave up waiting for its final checkpoint.
+CLOSE_WAIT = "did not reach its final checkpoint"
 SPARK_ATTEMPT_TIMEOUT_S = 900.0
 
 
@@ -60,6 +62,13 @@ class RunPlan:
     #: Concurrent runs: the graph shape (faults.shapes.SHAPES) and the stage ``kills`` apply to.
     shape: str | None = None
     kill_stage: str | None = None
+    #: Scenario runs (``faults.scenarios``): the scenario's name, the stages that fail on every
+    #: try (they get ``len(attempts)`` tries, no clean ones), the attempts' lease, and how a
+    #: second DAG run on the same pipeline key starts (``"refused"`` or ``"take-over"``).
+    scenario: str | None = None
+    doomed: tuple[str, ...] = ()
+    attempt_lease_s: float = 60.0
+    second_run: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -120,6 +129,23 @@ class RunReport:
     #: still pending (FLIP-147's "43 completes first"), and all closes past a failed candidate.
     out_of_order: int = 0
     late_closes: int = 0
+    #: Scenario runs: a stage that closed later than the documented bound after its failing
+    #: sibling ended; Asset events (publications) other than one per commit; attempts of two
+    #: DAG runs that took the epoch from each other; the waiting branch's close latency (s).
+    late: list[str] = field(default_factory=list)
+    republished: list[str] = field(default_factory=list)
+    ping_pong: list[str] = field(default_factory=list)
+    close_latency_s: float | None = None
+
+    @property
+    def is_hung(self) -> bool:
+        """The run, or one of its attempts, did not end within its bound: the run outlived its
+        timeout, an attempt its own, or a finished stage gave up waiting for its final
+        checkpoint (a wait nothing would have ended)."""
+        return self.hung or any(
+            a.status == "hung" or (a.error_type == "TimeoutError" and CLOSE_WAIT in (a.error or ""))
+            for a in self.attempts
+        )
 
     def known_issues(self) -> dict[str, list[str]]:
         merged = {k: list(v) for k, v in self.known.items()}
@@ -141,8 +167,11 @@ class RunReport:
 
     def problems(self) -> list[str]:
         found = [] if self.verdict is None else self.verdict.problems()
-        if self.hung:
+        if self.is_hung:
             found.append("hung: the run or an attempt did not end within its timeout")
+        found += [f"late: {x}" for x in self.late]
+        found += [f"publication: {x}" for x in self.republished]
+        found += [f"epoch ping-pong: {x}" for x in self.ping_pong]
         if not self.completed:
             found.append("the pipeline did not complete after its recovery attempts")
         found += [f"unexpected: {x}" for x in self.unexpected]
@@ -161,7 +190,11 @@ class RunReport:
             "stale_commits": self.stale_commits,
             "known_issues": self.known_issues(),
             "seconds": round(self.seconds, 2),
-            "hung": self.hung,
+            "hung": self.is_hung,
+            "late": self.late,
+            "republished": self.republished,
+            "ping_pong": self.ping_pong,
+            "close_latency_s": self.close_latency_s,
             "out_of_order": self.out_of_order,
             "late_closes": self.late_closes,
             "problems": self.problems(),
@@ -218,14 +251,15 @@ class Environment:
 
         key = json.dumps(plan.fake, sort_keys=True) if plan.kind == FAKE else SPARK
         if plan.kind == CONCURRENT:
-            key = f"{CONCURRENT}:{plan.shape}"
+            key = f"{CONCURRENT}:{plan.shape}:{','.join(plan.doomed)}"
         with self._lock:
             if key not in self._expected:
                 if plan.kind == CONCURRENT:
                     from faults.shapes import SHAPES, reference_rows
 
                     assert plan.shape is not None
-                    self._expected[key] = pd.DataFrame(reference_rows(SHAPES[plan.shape]))
+                    rows = reference_rows(SHAPES[plan.shape], failed=plan.doomed)
+                    self._expected[key] = pd.DataFrame(rows)
                 elif plan.kind == FAKE:
                     from faults.fake import reference_windows
 
@@ -279,6 +313,7 @@ class Environment:
             gc_grace_s=self.gc_grace_s,
             fake=plan.fake,
             input_dir=self.input_dir,
+            attempt_lease_s=plan.attempt_lease_s,
         )
 
 
@@ -448,6 +483,7 @@ def execute_run(env: Environment, plan: RunPlan, worker: AttemptRunner) -> RunRe
         if outcome.status == "completed":
             report.completed = True
             break
+    report.hung = any(a.status == "hung" for a in report.attempts)
     report.stale_commits = stale_commits(read_events(setup.events_path))
     report.verdict = verify_setup(env, plan, setup)
     report.seconds = time.monotonic() - start

@@ -12,6 +12,11 @@ computes the one expected table straight from the generators, without any stage 
   one ``join -> wb -> rb -> pb``: two publishers, finishing at different times.
 - ``wide``: ``src -> x, y, z -> pub``: three branches at once. A checkpoint that stays pending
   while a later one completes needs three running stages (see ``docs/guarantees.md``).
+- ``branching``: the README's branching example (``examples/nycflights13/branching.py``) in
+  small: ``ingest, weather -> enrich``, then ``enrich -> delay_windows -> publish`` and
+  ``enrich -> carrier_daily``, which aggregates and publishes in one stage (the role
+  ``agg+publish``). Its scenarios (:mod:`faults.scenarios`): a branch failing for good while
+  its sibling waits, two DAG runs on one pipeline key. Not among the random shapes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.model import StateHandle
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
@@ -37,6 +43,12 @@ SOURCE = "source"
 AGG = "agg"
 RELAY = "relay"
 PUBLISH = "publish"
+#: Windows staged in the sinks by the stage itself (the example's ``carrier_daily``).
+AGG_PUBLISH = "agg+publish"
+#: The roles whose stages write to the sinks.
+PUBLISHING = frozenset({PUBLISH, AGG_PUBLISH})
+#: The roles that compute windows (what ``reference_rows`` computes).
+WINDOWED = frozenset({AGG, AGG_PUBLISH})
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,21 @@ class Shape:
 
     def roles(self, *roles: str) -> tuple[str, ...]:
         return tuple(s.stage_id for s in self.stages if s.role in roles)
+
+    def descendants(self, stage_id: str) -> set[str]:
+        """Every stage downstream of ``stage_id`` (Airflow's upstream_failed when it fails)."""
+        found: set[str] = set()
+        for stage in self.stages:
+            if stage_id in stage.upstream:
+                found |= {stage.stage_id, *self.descendants(stage.stage_id)}
+        return found
+
+    def ancestors(self, stage_id: str) -> set[str]:
+        """Every stage upstream of ``stage_id``."""
+        found: set[str] = set()
+        for up in self.stage(stage_id).upstream:
+            found |= {up, *self.ancestors(up)}
+        return found
 
     def sources_of(self, stage_id: str) -> list[StageDef]:
         """The source stages feeding ``stage_id``, in split order (depth first)."""
@@ -123,7 +150,20 @@ SHAPES: dict[str, Shape] = {
         ),
         parallel=("x", "y", "z"),
     ),
+    "branching": Shape(
+        "branching",
+        (
+            StageDef("ingest", SOURCE, data=_DATA),
+            StageDef("weather", SOURCE, data=_SECOND),
+            StageDef("enrich", RELAY, ("ingest", "weather")),
+            StageDef("delay_windows", AGG, ("enrich",), window=20, prefix="d:"),
+            StageDef("publish", PUBLISH, ("delay_windows",)),
+            StageDef("carrier_daily", AGG_PUBLISH, ("enrich",), window=30, prefix="c:"),
+        ),
+    ),
 }
+#: The shapes random concurrent runs are drawn from (``--shapes``' default).
+RANDOM_SHAPES = ("diamond", "fan", "wide")
 
 
 class PrefixedAgg(AggLogic):
@@ -142,6 +182,43 @@ class PrefixedAgg(AggLogic):
 
     def _fire(self, until: int) -> list[dict[str, Any]]:
         return [{**row, "key": self.prefix + row["key"]} for row in super()._fire(until)]
+
+
+class PublishingAgg(PrefixedAgg):
+    """Windows staged in the sinks by the aggregating stage itself, in the transaction of the
+    batch (or of the finish) that fires them: the example's ``carrier_daily``."""
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        pipeline_key: str,
+        stage_id: str,
+        data: FakeData,
+        prefix: str,
+        sinks: Sequence[TwoPhaseCommitSink],
+    ) -> None:
+        super().__init__(storage, pipeline_key, stage_id, data, prefix)
+        self.sinks = list(sinks)
+        self._txn_ids: Any = {}
+
+    def process(self, batch: Batch, txn_ids: Any) -> BatchOutput:
+        self._txn_ids = txn_ids
+        return super().process(batch, txn_ids)
+
+    def finish(self, drain: bool, txn_ids: Any) -> BatchOutput:
+        self._txn_ids = txn_ids
+        return super().finish(drain, txn_ids)
+
+    def _output(
+        self, key: str, fired: list[dict[str, Any]], state: tuple[StateHandle, ...]
+    ) -> BatchOutput:
+        import pandas as pd
+
+        if fired:
+            frame = pd.DataFrame(fired, columns=list(COLUMNS))
+            for sink in self.sinks:
+                sink.write_pandas(self._txn_ids[sink.sink_id], frame)
+        return BatchOutput(state=state, watermark=self.watermark)
 
 
 class RelayLogic(_FakeLogic):
@@ -169,6 +246,9 @@ def make_logic(
         # window length from the stage; lateness from the source data (rows stay on time)
         data = FakeData(window=stage.window)
         return PrefixedAgg(storage, pipeline_key, stage_id, data, stage.prefix)
+    if stage.role == AGG_PUBLISH:
+        data = FakeData(window=stage.window)
+        return PublishingAgg(storage, pipeline_key, stage_id, data, stage.prefix, sinks)
     if stage.role == RELAY:
         return RelayLogic(storage, pipeline_key, stage_id)
     return PublishLogic(storage, pipeline_key, stage_id, sinks)
@@ -189,12 +269,16 @@ def windows(rows: Sequence[dict[str, Any]], window: int, prefix: str) -> list[di
     ]
 
 
-def reference_rows(shape: Shape) -> list[dict[str, Any]]:
+def reference_rows(shape: Shape, failed: Sequence[str] = ()) -> list[dict[str, Any]]:
     """What the sinks must hold after a run of ``shape``: every agg's windows over the rows of
-    the sources feeding it."""
+    the sources feeding it; with ``failed`` stages (failed for good), only the aggs whose
+    input and windows reach a sink without passing one of them."""
     expected: list[dict[str, Any]] = []
     for stage in shape.stages:
-        if stage.role != AGG:
+        if stage.role not in WINDOWED:
+            continue
+        path = {stage.stage_id, *shape.ancestors(stage.stage_id)}
+        if (path | shape.descendants(stage.stage_id)) & set(failed):
             continue
         rows = [
             row

@@ -86,6 +86,8 @@ class RunSetup:
     #: Iceberg: the warehouse of the SQLite catalog (``catalog.db`` in it); Delta: the table.
     iceberg_warehouse: str | None = None
     delta_dir: str | None = None
+    #: Concurrent runs: a running attempt's lease (``[finalckpt] attempt_lease_s``).
+    attempt_lease_s: float = 60.0
 
     def table_roots(self) -> list[str]:
         """Directories the table-format sinks write in (checked for temporary files)."""

@@ -6,7 +6,11 @@
   stalls, the third's next batch acknowledges final checkpoints N and N+1 at once, N fails to
   complete, N+1 completes first and the first finished stage closes on it;
 - the scheduler: a failed stage attempt is retried in a new process with a new epoch, and a
-  run that outlives its timeout is reported hung (a failure), not waited for.
+  run that outlives its timeout is reported hung (a failure), not waited for;
+- the scenarios of the branching example (issue 25, ``faults.scenarios``): a branch failing on
+  every try while its sibling waits (the sibling closes, ``publish`` runs, the failing branch
+  publishes nothing), a second DAG run on the same pipeline key (refused naming the first, or
+  taking over: the first run's attempts end for good, one publication per commit).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from faults.fake import KEY_COLUMNS
 from faults.injector import FaultInjector, FaultSpec
 from faults.points import Action
 from faults.proxies import FaultyStorage
-from faults.runs import Environment, RunPlan, verify_against
+from faults.runs import Environment, RunPlan, RunReport, verify_against
+from faults.scenarios import FAILING_BRANCH, TWO_RUNS, execute_scenario, plan_scenarios
 from faults.shapes import SHAPES, Shape, reference_rows
 from faults.worker import RunSetup, dispose_sinks, make_sinks
 
@@ -253,3 +258,66 @@ def test_a_run_that_outlives_its_timeout_is_reported_hung(tmp_path: Path) -> Non
     assert time.monotonic() - start < 4.5  # it did not wait for the stalled stage
     assert scheduler.hung and scheduler.running == {}
     assert [(o.label, o.status) for o in scheduler.outcomes] == [("r0000.a.a1", "hung")]
+
+
+# ------------------------------------------------------------------------------ scenarios
+
+
+def _scenario(tmp_path: Path, name: str, index: int) -> tuple[Environment, RunReport]:
+    env = Environment(tmp_path / "campaign")
+    env.prepare(spark=False)
+    plan = plan_scenarios([name], seed=5, first_index=0)[index]
+    return env, execute_scenario(env, plan)
+
+
+def _published_keys(env: Environment, report: RunReport) -> set[str]:
+    """The keys every sink of the run holds."""
+    sinks = make_sinks(env.setup(report.plan))
+    try:
+        return {str(k) for sink in sinks for k in sink.read_pandas()["key"]}
+    finally:
+        dispose_sinks(sinks)
+
+
+@pytest.mark.slow
+def test_a_branch_failing_for_good_lets_its_waiting_sibling_close_and_publish(
+    tmp_path: Path,
+) -> None:
+    """The mirror case of the issue: carrier_daily fails on each of its tries (a raised error)
+    while delay_windows finished and waits; delay_windows closes, publish runs and closes,
+    carrier_daily publishes nothing and the run ends."""
+    env, report = _scenario(tmp_path, FAILING_BRANCH, 2)
+    assert report.plan.doomed == ("carrier_daily",) and report.plan.attempt_lease_s == 60.0
+    assert report.problems() == [], report.problems()
+    statuses = [(o.label.split(".", 1)[1], o.status) for o in report.attempts]
+    assert [s for s in statuses if s[0].startswith("carrier_daily")] == [
+        (f"carrier_daily.a{n}", "failed") for n in (1, 2, 3)
+    ]
+    assert ("delay_windows.a1", "completed") in statuses
+    assert ("publish.a1", "completed") in statuses
+    # at once after the first failed try (its lease of 60 s did not have to expire)
+    assert report.close_latency_s is not None and report.close_latency_s < 60.0
+    assert report.verdict is not None and set(report.verdict.rows) and report.verdict.lost == 0
+    prefixes = {k.split(":")[0] for k in _published_keys(env, report)}
+    assert prefixes == {"d"}  # delay_windows' windows only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second_run", ["refused", "take-over"])
+def test_a_second_dag_run_on_the_key_is_refused_or_takes_over(
+    tmp_path: Path, second_run: str
+) -> None:
+    _env, report = _scenario(tmp_path, TWO_RUNS, 0 if second_run == "refused" else 1)
+    assert report.plan.second_run == second_run
+    assert report.problems() == [], report.problems()
+    first = {o.label.split(".")[-2]: o for o in report.attempts if ".run-2." not in o.label}
+    second = {o.label.split(".")[-2]: o for o in report.attempts if ".run-2." in o.label}
+    if second_run == "refused":
+        assert {o.status for o in first.values()} == {"completed"} and len(first) == 6
+        assert set(second) == {"ingest", "weather"}
+        assert all("driven by DAG run 'run-1'" in (o.error or "") for o in second.values())
+    else:
+        assert {o.status for o in second.values()} == {"completed"} and len(second) == 6
+        assert first["delay_windows"].status == "taken-over"  # fenced in its hold, not retried
+        assert all(o.status in ("completed", "taken-over") for o in first.values())
+    assert report.ping_pong == [] and report.republished == []

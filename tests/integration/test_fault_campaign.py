@@ -5,9 +5,11 @@
   graphs (diamond, fan-out/fan-in, wide) whose stages run at the same time in their own
   processes, each run recovered and verified: every figure must be zero, per graph shape too,
   and at least one stage must have closed on a later checkpoint while an earlier one was still
-  pending (FLIP-147's out-of-order completion). The same as
-  ``python -m faults.campaign --runs 36 --spark-runs 5 --concurrent 42
-  --seed 20261122``.
+  pending (FLIP-147's out-of-order completion), plus the 6 scenario runs of the branching
+  example (issue 25: a branch failing on every try while its sibling waits, a second DAG run
+  on the same pipeline key): zero hung runs, zero late closes, one publication per commit, no
+  epoch ping-pong. The same as ``python -m faults.campaign --runs 36 --spark-runs 5
+  --concurrent 42 --scenarios all --seed 20261122``.
 - zombies: two attempts of one stage at once, in two OS processes. The older one stalls in a
   fault point while the newer one runs the stage to the end; then it goes on and must stop itself
   with StaleEpochError (and say so in its log), commit nothing, and leave the result exact.
@@ -48,6 +50,7 @@ CI_SEED = 20261122
 CI_RUNS = 36
 CI_SPARK_RUNS = 5
 CI_CONCURRENT_RUNS = 42
+CI_SCENARIOS = ("all",)
 STALE_MESSAGE = (
     "stage 'publish': attempt epoch 1 is stale (current epoch is 2); a newer attempt of this "
     "stage owns it now, this attempt must stop"
@@ -63,6 +66,7 @@ def test_ci_campaign(tmp_path: Path) -> None:
         spark_runs=CI_SPARK_RUNS,
         workdir=tmp_path / "campaign",
         concurrent_runs=CI_CONCURRENT_RUNS,
+        scenarios=CI_SCENARIOS,
     )
     figures = result.figures()
     print(f"\n{result.summary()}\n({time.monotonic() - start:.0f} s)")
@@ -87,6 +91,17 @@ def test_ci_campaign(tmp_path: Path) -> None:
         zeros = {k: shape[k] for k in CampaignResult.ZERO_FIGURES if k in shape}
         assert set(zeros.values()) == {0}, (name, zeros)
     assert figures["out_of_order"] >= 1, shapes["wide"]
+    scenarios = figures["scenarios"]
+    assert {name: f["runs"] for name, f in scenarios.items()} == {
+        "failing-branch": 4,
+        "two-runs": 2,
+    }
+    for name, scenario in scenarios.items():
+        zeros = {k: scenario[k] for k in CampaignResult.ZERO_FIGURES if k in scenario}
+        assert set(zeros.values()) == {0} and scenario["unrecovered"] == 0, (name, scenario)
+    assert scenarios["two-runs"]["refused_attempts"] >= 2
+    assert scenarios["two-runs"]["taken_over_attempts"] >= 1
+    assert scenarios["failing-branch"]["max_close_latency_s"] is not None
 
 
 def test_command_prints_one_summary_line_and_writes_a_report(

@@ -29,7 +29,7 @@ from faults.concurrent import (
     straggler,
 )
 from faults.points import POINTS, Action
-from faults.shapes import PUBLISH, SHAPES, reference_rows
+from faults.shapes import PUBLISHING, RANDOM_SHAPES, SHAPES, reference_rows
 
 EMPTY_PLAN = CheckpointPlan((), (), (), ())
 
@@ -85,7 +85,8 @@ def test_a_close_on_the_first_candidate_is_in_order() -> None:
 def test_every_planned_fault_is_at_a_point_its_stage_passes() -> None:
     plans = plan_concurrent(60, seed=4, first_index=100)
     assert [p.run_id for p in plans[:2]] == ["r0100", "r0101"]
-    assert {p.shape for p in plans} == set(SHAPES) and {p.kind for p in plans} == {CONCURRENT}
+    assert {p.shape for p in plans} == set(RANDOM_SHAPES)
+    assert {p.kind for p in plans} == {CONCURRENT}
     for plan in plans:
         shape = SHAPES[plan.shape or ""]
         for attempt in plan.attempts:
@@ -94,7 +95,7 @@ def test_every_planned_fault_is_at_a_point_its_stage_passes() -> None:
                 assert spec.action in POINTS[spec.point].actions
                 role = shape.stage(spec.stage or "").role
                 if POINTS[spec.point].sink_stage_only:
-                    assert role == PUBLISH, spec
+                    assert role in PUBLISHING, spec
     assert plan_concurrent(60, seed=4, first_index=100) == plans  # deterministic per seed
 
 
@@ -147,7 +148,36 @@ def test_the_reference_has_every_branch_with_its_own_key_prefix() -> None:
         "diamond": {"b", "c"},
         "fan": {"a", "b"},
         "wide": {"x", "y", "z"},
+        "branching": {"d", "c"},
     }.items():
         rows = reference_rows(SHAPES[name])
         assert {r["key"].split(":")[0] for r in rows} == prefixes
         assert len({(r["key"], r["window_start"]) for r in rows}) == len(rows)
+
+
+def test_a_branch_that_failed_for_good_publishes_nothing_in_the_reference() -> None:
+    shape = SHAPES["branching"]
+    prefixes = {
+        failed: {r["key"].split(":")[0] for r in reference_rows(shape, failed=(failed,))}
+        for failed in ("delay_windows", "publish", "carrier_daily", "enrich")
+    }
+    # delay_windows' windows reach the sinks through publish: either failing drops them
+    assert prefixes == {
+        "delay_windows": {"c"},
+        "publish": {"c"},
+        "carrier_daily": {"d"},
+        "enrich": set(),
+    }
+    assert shape.descendants("enrich") == {"delay_windows", "publish", "carrier_daily"}
+
+
+def test_random_branching_runs_arm_sink_points_in_both_publishing_stages() -> None:
+    plans = plan_concurrent(40, seed=9, first_index=0, shapes=("branching",))
+    stages = {
+        spec.stage
+        for plan in plans
+        for attempt in plan.attempts
+        for spec in attempt
+        if POINTS[spec.point].sink_stage_only
+    }
+    assert stages == {"publish", "carrier_daily"}
