@@ -25,15 +25,20 @@ duration of ``ENRICH_TARGET_BATCH_S`` (smaller than the runtime's 30 s default, 
 in about four batches on this data and a crash point means something: what a DAG author who
 wants a crash to cost at most a few seconds of that stage would set); the other stages keep the
 default. One throughput-hints root is seeded by an untimed warm-up run on the same data (the
-DAG's earlier runs). The crash hits the enrich batch in flight when the finished
-fraction of enrich's splits reaches the crash point (the first batch that starts at or after it,
-or runs across it): with batches the granularity is a batch, so the actual finished fraction is
-reported next to the nominal one, and the ideal is computed for the days actually unfinished in
-each sample.
+DAG's earlier runs). The crash is placed by split progress, through the runtime's fault hook:
+the first enrich batch computed after the recorded finished splits reached the crash point
+(``finished >= point x splits``) is lost (the hook raises at ``mid-batch``, after the batch's
+work and before it is recorded). So the crash lands at the claimed fraction or above it by less
+than the batch that crossed it (issue 29: before, a batch running across the point crashed, and
+2 of 3 crashes "at 25 %" fell at 0 % finished). If that batch was enrich's last, nothing is
+left to lose: the crash comes before enrich finishes (100 % finished). Every repetition reports
+the fraction it reached, the batch it lost and whether it is within one batch of the point;
+the ideal is computed for the days actually unfinished in each sample.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -75,7 +80,9 @@ def plan(quick: bool) -> dict[str, Any]:
 
     The full run uses the whole year with every flight ten times (``row_scale``: 3.4 M flights,
     the issue's x10) so a split batch holds real work next to Spark's fixed cost per job;
-    ``FINALCKPT_BENCH_RESUME_SCALE`` / ``FINALCKPT_BENCH_RESUME_DAYS`` change that.
+    ``FINALCKPT_BENCH_RESUME_SCALE`` / ``FINALCKPT_BENCH_RESUME_DAYS`` change that, and
+    ``FINALCKPT_BENCH_RESUME_TARGET_S`` enrich's target batch duration (0.01: one split per
+    batch, so a small run still crashes at every point).
     """
     if quick:
         return {
@@ -89,7 +96,11 @@ def plan(quick: bool) -> dict[str, Any]:
     return {
         "days": days,
         "row_scale": scale,
-        "target_batch_s": {"enrich": ENRICH_TARGET_BATCH_S},
+        "target_batch_s": {
+            "enrich": float(
+                os.environ.get("FINALCKPT_BENCH_RESUME_TARGET_S", ENRICH_TARGET_BATCH_S)
+            )
+        },
         "ingest_batch_size": -(-days // ENRICH_SPLITS),
     }
 
@@ -161,6 +172,37 @@ def part_days(spark: Any, template: Path, parts: list[str]) -> dict[str, list[st
     return out
 
 
+def crash_hook(coordinator: Any, splits: int, point: float) -> tuple[Any, dict[str, float]]:
+    """The fault hook ``(stage_id, point_name)`` that crashes enrich by split progress: at the
+    ``mid-batch`` point (the batch computed, not recorded) of the first batch that starts
+    once the recorded finished splits reach ``ceil(point x splits)``, or before enrich finishes
+    if the batch that reached it was the last. Returns the hook and what it saw (batches before
+    the crash, the finished count, the batch that crossed the point, the batch lost)."""
+    goal = max(1, math.ceil(point * splits - 1e-9))
+    seen: dict[str, float] = {"batches": 0.0}
+    recorded: list[int] = []
+
+    def hook(stage_id: str, name: str) -> None:
+        if stage_id != "enrich":
+            return
+        if name in ("mid-batch", "before-finish"):
+            finished = len(coordinator.stage("enrich").progress.finished_splits)
+            if finished < goal:
+                if name == "mid-batch":
+                    seen["batches"] += 1
+                return
+            seen.update(
+                finished=float(finished),
+                crossing_batch_splits=float(finished - (recorded[-2] if len(recorded) > 1 else 0)),
+                lost_batch=float(name == "mid-batch"),
+            )
+            raise InjectedCrash(f"crash in enrich at {name}, {finished} of {splits} finished")
+        if name == "after-record-batch":
+            recorded.append(len(coordinator.stage("enrich").progress.finished_splits))
+
+    return hook, seen
+
+
 def crash_and_resume(
     spark: Any,
     inputs: str,
@@ -172,39 +214,22 @@ def crash_and_resume(
     hints: Any,
     batch_sizes: dict[str, Any],
 ) -> tuple[dict[str, float], list[str]]:
-    """Crash enrich in the batch in flight when its finished fraction reaches ``point``: the
-    first batch that starts at or after the point, or that runs across it (a batch ending
-    exactly at the point completes). The batch is computed, then the crash (not recorded: its
-    work is lost). Then resume (timed). Returns the metrics and the unfinished parts."""
-    from airflow_finalckpt.spark.stage import SparkStageLogic
-
-    state = {"batches": 0}
+    """Crash enrich by split progress (``crash_hook``), then resume (timed). Returns the
+    metrics and the unfinished parts."""
     first = Ours(
         spark, inputs, root, batch_sizes=batch_sizes, target_batch_s=target_batch_s, hints=hints
     )
-    original = SparkStageLogic.process
-
-    def process(logic: Any, batch: Any, txn_ids: Any) -> Any:
-        out = original(logic, batch, txn_ids)
-        if logic.stage_id != "enrich":
-            return out
-        state["batches"] += 1
-        before = len(first.coordinator.stage("enrich").progress.finished_splits)
-        goal = point * len(parts)
-        if before >= goal or before + len(batch.splits) > goal:
-            raise InjectedCrash(f"crash in enrich batch {state['batches']}")
-        return out
-
+    hook, seen = crash_hook(first.coordinator, len(parts), point)
     try:
-        SparkStageLogic.process = process  # type: ignore[method-assign]
-        first.run()
+        first.run(fault=hook)
         raise RuntimeError("the injected crash did not happen")
     except InjectedCrash:
         done = set(first.coordinator.stage("enrich").progress.finished_splits)
     finally:
-        SparkStageLogic.process = original  # type: ignore[method-assign]
         first.close()
     lost_batch = len(parts) - len(done)
+    reached = len(done) / len(parts)
+    crossing = seen.get("crossing_batch_splits", 0.0) / len(parts)
     second = Ours(
         spark, inputs, root, batch_sizes=batch_sizes, target_batch_s=target_batch_s, hints=hints
     )
@@ -222,8 +247,12 @@ def crash_and_resume(
         "redone_splits": float(enrich_parts),
         "unfinished_splits": float(lost_batch),
         "finished_before_crash": float(len(done)),
-        "finished_fraction": len(done) / len(parts),
-        "batches_before_crash": float(state["batches"] - 1),
+        "finished_fraction": reached,
+        # at or above the point, by less than the batch that crossed it
+        "within_one_batch": float(point - 1e-9 <= reached < point + crossing + 1e-9),
+        "crossing_batch_fraction": crossing,
+        "lost_batch_in_flight": seen.get("lost_batch", 0.0),
+        "batches_before_crash": seen["batches"],
         "resumed_enrich_batches": float(resumed_batches),
         "ingest_spark_jobs": float(run.processed_splits.get("ingest", 0)),
         "enrich_s": stages.get("enrich", 0.0),
@@ -246,9 +275,10 @@ def run(quick: bool = False) -> Result:
         "enrich split each",
         "hints": "one hints root, seeded by an untimed warm-up run on the same data",
         "crash_points": list(points),
-        "crash": "exception after computing the enrich batch in flight when the finished "
-        "fraction of enrich's splits reaches the crash point (the first batch starting at or "
-        "after it, or running across it); the batch is not recorded: its work is lost",
+        "crash": "by split progress, through the runtime's fault hook: an exception at "
+        "mid-batch (computed, not recorded: its work is lost) of the first enrich batch that "
+        "starts once the recorded finished splits reach ceil(point x splits); before enrich "
+        "finishes if the batch that reached the point was its last",
         "target": f"ours <= {TARGET_FACTOR} x ideal + {TARGET_CONSTANT_S:g} s, and <= retry",
     }
     spark = spark_session()
@@ -344,6 +374,9 @@ def run(quick: bool = False) -> Result:
             case.finalize()
             med = case.medians
             case.params["unfinished_splits"] = med["ours_unfinished_splits"]
+            reached = case.samples["ours_finished_fraction"]
+            case.params["finished_fraction_per_repetition"] = [round(f, 4) for f in reached]
+            true_points = all(case.samples["ours_within_one_batch"])
             ours_s = med["ours_seconds"]
             ideal_s = med["ideal_enrich_s"] + downstream_s
             med.update(
@@ -388,6 +421,19 @@ def run(quick: bool = False) -> Result:
                     unit="s",
                     passed=bool(ours_s <= retry_s),
                     note=f"retry {retry_s:.1f} s",
+                )
+            )
+            result.targets.append(
+                Target(
+                    name=f"crash point, crash at {label} of enrich",
+                    target="finished fraction at the crash >= the point, above it by less "
+                    "than the batch that crossed it, in every repetition",
+                    measured=min(reached),
+                    passed=bool(true_points),
+                    note="finished fractions reached: "
+                    + ", ".join(f"{f:.3f}" for f in reached)
+                    + "; crossing batches: "
+                    + ", ".join(f"{f:.3f}" for f in case.samples["ours_crossing_batch_fraction"]),
                 )
             )
             exact = case.samples["ours_redone_splits"] == case.samples["ours_unfinished_splits"]

@@ -156,6 +156,12 @@ def test_benchmark_specifics(quick_run: tuple[Path, str]) -> None:
         assert case["samples"]["ours_redone_splits"] == case["samples"]["ours_unfinished_splits"]
         assert 0 < case["medians"]["ours_finished_fraction"] < 1
         assert case["medians"]["ours_ingest_spark_jobs"] == 0
+        # the crash lands by split progress: at the point or above it by less than one batch
+        reached = case["params"]["finished_fraction_per_repetition"]
+        assert len(reached) == resume["repetitions"]
+        assert all(f >= case["params"]["crash_fraction"] for f in reached), reached
+        assert case["samples"]["ours_within_one_batch"] == [1.0] * len(reached)
+    assert any(t["name"].startswith("crash point, crash at ") for t in resume["targets"])
 
     stop = json.loads((out / "stop_latency.json").read_text())
     assert {c["params"]["mode"] for c in stop["cases"]} == {"savepoint", "drain"}
