@@ -10,6 +10,8 @@ one Delta transaction carrying an application transaction (``txn``) record.
   log after that version only, and finds its own commit (the ``txn`` version it carries is a
   monotonic count of this sink's commits). The log entry is created exclusively (no automatic
   retry), so two committers of one transaction cannot both succeed; the loser re-checks the log.
+  A commit lost to another writer (concurrent runs) is retried on the new version, bounded
+  (``commit_retry``).
   The first commit creates the table (version 0), so versions equal commits.
 - commit with ``replace_slice``: all the stage's transactions in ONE Delta commit that removes
   the slice's files (by their min / max statistics; our files carry them for the slice
@@ -25,14 +27,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_finalckpt.sinks.base import SinkError, check_slice
+from airflow_finalckpt.sinks.commit_retry import CommitConflict, commit_retrying
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
-    COMMIT_ATTEMPTS,
     SINK_ID_KEY,
     STAGING_DIR,
     TXN_ID_KEY,
     StagedTableSink,
-    backoff,
     first_line,
     micros_timestamps,
     optional_schema,
@@ -316,12 +317,9 @@ class DeltaTableSink(StagedTableSink):
 
     def _commit_files(self, manifests: dict[str, dict[str, Any]], replace: bool = False) -> bool:
         """ONE Delta commit adding every manifest's files (and, replacing, removing the
-        slice's), recording the transaction ids; False if the log already has them.
+        slice's), recording the transaction ids; False if the log already has them. A commit
+        lost to another writer is retried on the new version (``commit_retry``).
         """
-        from deltalake import CommitProperties, Transaction
-        from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import create_table_with_add_actions
-
         txn_id = next(iter(manifests))
         uris = [u for t, m in manifests.items() for u in self._require_files(t, m)]
         added = [a for t, m in manifests.items() for a in self._add_actions(t, m)]
@@ -330,53 +328,71 @@ class DeltaTableSink(StagedTableSink):
         if replace:
             metadata[TXN_IDS_KEY] = ",".join(manifests)
             metadata[SLICE_KEY] = json.dumps(self.replace_slice, sort_keys=True)
-        for _attempt in range(COMMIT_ATTEMPTS):
-            table = self._open()
-            version = -1 if table is None else table.version()
-            if not self._note_version(manifests, version) and self._table_committed({**manifests}):
-                return False
-            schema = schema or (table.schema() if table is not None else None)
-            if schema is None:
-                return True  # nothing staged and no table: nothing to replace or add
-            if table is not None:
-                self._check_schema(json.loads(schema.to_json()))
-            actions = [*(self._remove_actions(table) if replace and table else []), *added]
-            app_version = 1 if table is None else (table.transaction_version(self.app_id) or 0) + 1
-            checkpoints = {str(m.get("checkpoint_id")) for m in manifests.values()}
-            properties = CommitProperties(
-                custom_metadata={**metadata, CHECKPOINT_ID_KEY: max(checkpoints)},
-                max_commit_retries=0,  # the log entry is created exclusively; we re-check
-                app_transactions=[Transaction(app_id=self.app_id, version=app_version)],
-            )
-            try:
-                if table is None:
-                    create_table_with_add_actions(
-                        self.table_uri,
-                        schema,
-                        actions,
-                        mode="error",
-                        storage_options=self._string_options(),
-                        commit_properties=properties,
-                    )
-                else:
-                    table.create_write_transaction(
-                        actions, mode="append", schema=table.schema(), commit_properties=properties
-                    )
-                return True
-            except CommitFailedError:
-                backoff(_attempt)  # another writer took this version: re-read the log, retry
-                continue
-            except Exception as exc:
-                if table is None and self._open() is not None:
-                    continue  # another writer created the table meanwhile
-                raise SinkError(
-                    f"sink {self.sink_id!r}: Delta commit of {txn_id!r} to {self.table_uri} "
-                    f"failed: {first_line(exc)} (nothing was committed; retry when fixed)"
-                ) from exc
-        raise SinkError(
-            f"sink {self.sink_id!r}: gave up committing {txn_id!r} to {self.table_uri} after "
-            f"{COMMIT_ATTEMPTS} conflicting concurrent commits; nothing was committed, retry"
+        checkpoints = {str(m.get("checkpoint_id")) for m in manifests.values()}
+        metadata[CHECKPOINT_ID_KEY] = max(checkpoints)
+        return commit_retrying(
+            self.sink_id,
+            txn_id,
+            self.table_uri,
+            lambda: self._try_commit(manifests, added, schema, metadata, replace),
         )
+
+    def _try_commit(
+        self,
+        manifests: dict[str, dict[str, Any]],
+        added: list[Any],
+        files_schema: Any,
+        metadata: dict[str, str],
+        replace: bool,
+    ) -> bool:
+        """One attempt on the table's latest version; ``CommitConflict`` if another writer
+        took the version first.
+        """
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import create_table_with_add_actions
+
+        table = self._open()
+        version = -1 if table is None else table.version()
+        if not self._note_version(manifests, version) and self._table_committed({**manifests}):
+            return False
+        schema = files_schema or (table.schema() if table is not None else None)
+        if schema is None:
+            return True  # nothing staged and no table: nothing to replace or add
+        if table is not None:
+            self._check_schema(json.loads(schema.to_json()))
+        actions = [*(self._remove_actions(table) if replace and table else []), *added]
+        app_version = 1 if table is None else (table.transaction_version(self.app_id) or 0) + 1
+        properties = CommitProperties(
+            custom_metadata=metadata,
+            max_commit_retries=0,  # the log entry is created exclusively; we re-check
+            app_transactions=[Transaction(app_id=self.app_id, version=app_version)],
+        )
+        try:
+            if table is None:
+                create_table_with_add_actions(
+                    self.table_uri,
+                    schema,
+                    actions,
+                    mode="error",
+                    storage_options=self._string_options(),
+                    commit_properties=properties,
+                )
+            else:
+                table.create_write_transaction(
+                    actions, mode="append", schema=table.schema(), commit_properties=properties
+                )
+        except CommitFailedError as exc:  # another writer took this version
+            raise CommitConflict(first_line(exc)) from exc
+        except Exception as exc:
+            if table is None and self._open() is not None:
+                raise CommitConflict("another writer created the table") from exc
+            raise SinkError(
+                f"sink {self.sink_id!r}: Delta commit of {next(iter(manifests))!r} to "
+                f"{self.table_uri} failed: {first_line(exc)} (nothing was committed; retry "
+                "when fixed)"
+            ) from exc
+        return True
 
     def _string_options(self) -> dict[str, str] | None:
         return {str(k): str(v) for k, v in self.storage_options.items()} or None

@@ -11,7 +11,8 @@
 - commit: ONE fast-append snapshot adds the files (metadata only: pyiceberg reads the Parquet
   footers for the column statistics, never the data), with ``finalckpt.txn-id`` in the snapshot
   summary. A replayed commit finds the id in the table's snapshot history and does nothing; a
-  commit racing another writer retries on the catalog's optimistic-concurrency failure.
+  commit lost to another writer (concurrent runs) is retried on the new version, bounded
+  (``commit_retry``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from typing import TYPE_CHECKING, Any
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.pyspark_compat import arrow_schema
 from airflow_finalckpt.sinks.base import SinkError, check_slice
+from airflow_finalckpt.sinks.commit_retry import CommitConflict, commit_retrying
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
-    COMMIT_ATTEMPTS,
     SINK_ID_KEY,
     TXN_ID_KEY,
     StagedTableSink,
-    backoff,
     first_line,
     micros_timestamps,
     optional_schema,
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from pyiceberg.types import IcebergType
 
 NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
+#: Attempts at opening a new SQL catalog / creating a namespace and table that concurrent
+#: first runs race to create.
+CREATE_ATTEMPTS = 3
 COMMIT_NUM_RETRIES = "commit.retry.num-retries"
 DATA_PATH_PROPERTY = "write.data.path"
 
@@ -63,6 +66,18 @@ def _shape(kind: IcebergType) -> str:
     if isinstance(kind, MapType):
         return f"map<{_shape(kind.key_type)}, {_shape(kind.value_type)}>"
     return str(kind)
+
+
+def lost_creation_race(exc: BaseException) -> bool:
+    """Whether creating a catalog's tables, a namespace or a table failed only because another
+    writer created it first (then loading it succeeds).
+    """
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    if isinstance(exc, TableAlreadyExistsError | NamespaceAlreadyExistsError | IntegrityError):
+        return True
+    return isinstance(exc, OperationalError) and "already exists" in str(exc)
 
 
 def schema_mismatch(table: Schema, batch: Schema) -> str | None:
@@ -175,14 +190,17 @@ class IcebergTableSink(StagedTableSink):
         if self._catalog_cache is None:
             from pyiceberg.catalog import load_catalog
 
-            try:
-                if self._properties.get("type") == "sql" and self.warehouse is not None:
-                    self._make_local_warehouse()
-                self._catalog_cache = load_catalog(self.catalog_name, **self._properties)
-            except SinkError:
-                raise
-            except Exception as exc:
-                raise self._catalog_error("opening the catalog for", exc) from exc
+            if self._properties.get("type") == "sql" and self.warehouse is not None:
+                self._make_local_warehouse()
+            for attempt in range(CREATE_ATTEMPTS):
+                try:
+                    self._catalog_cache = load_catalog(self.catalog_name, **self._properties)
+                    break
+                except Exception as exc:  # a new SQL catalog's tables, created concurrently
+                    if attempt + 1 < CREATE_ATTEMPTS and lost_creation_race(exc):
+                        continue
+                    raise self._catalog_error("opening the catalog for", exc) from exc
+        assert self._catalog_cache is not None
         return self._catalog_cache
 
     def _make_local_warehouse(self) -> None:
@@ -196,21 +214,28 @@ class IcebergTableSink(StagedTableSink):
                 raise self._catalog_error("creating the warehouse of", exc) from exc
 
     def _load(self, create_from: pyarrow.Schema | None = None) -> Table | None:
-        """The table, freshly loaded; created from ``create_from`` if absent (else None)."""
-        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+        """The table, freshly loaded; created from ``create_from`` if absent (else None).
+        Concurrent first runs race to create the namespace and the table: the losers load
+        what the winner created.
+        """
+        from pyiceberg.exceptions import NoSuchTableError
 
         catalog = self._catalog()
         try:
-            try:
-                return catalog.load_table(self.table_name)
-            except NoSuchTableError:
-                if create_from is None:
-                    return None
-            catalog.create_namespace_if_not_exists(self.table_name.rsplit(".", 1)[0])
-            try:
-                return catalog.create_table(self.table_name, schema=optional_schema(create_from))
-            except TableAlreadyExistsError:  # another writer created it meanwhile
-                return catalog.load_table(self.table_name)
+            for attempt in range(CREATE_ATTEMPTS):
+                try:
+                    return catalog.load_table(self.table_name)
+                except NoSuchTableError:
+                    if create_from is None:
+                        return None
+                try:
+                    catalog.create_namespace_if_not_exists(self.table_name.rsplit(".", 1)[0])
+                    schema = optional_schema(create_from)
+                    return catalog.create_table(self.table_name, schema=schema)
+                except Exception as exc:
+                    if attempt + 1 == CREATE_ATTEMPTS or not lost_creation_race(exc):
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
         except Exception as exc:
             doing = "loading" if create_from is None else "creating"
             raise self._catalog_error(doing, exc) from exc
@@ -386,47 +411,54 @@ class IcebergTableSink(StagedTableSink):
     def _commit_snapshot(
         self, txn_ids: list[str], uris: list[str], checkpoint_id: str, replace: bool = False
     ) -> bool:
+        """ONE snapshot adding the files (and, replacing, removing the slice's), recording the
+        transaction ids; False if the history already has them. A commit lost to another writer
+        is retried on the new table version (``commit_retry``).
+        """
+        summary = self._summary(txn_ids, checkpoint_id, replace)
+        return commit_retrying(
+            self.sink_id,
+            txn_ids[0],
+            repr(self.table_name),
+            lambda: self._try_commit_snapshot(txn_ids, uris, summary, replace),
+        )
+
+    def _try_commit_snapshot(
+        self, txn_ids: list[str], uris: list[str], summary: dict[str, str], replace: bool
+    ) -> bool:
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-        txn_id = txn_ids[0]
-        summary = self._summary(txn_ids, checkpoint_id, replace)
-        for _attempt in range(COMMIT_ATTEMPTS):
-            table = self._load()
-            if table is None:
-                raise SinkError(f"sink {self.sink_id!r}: table {self.table_name!r} was dropped")
-            if set(txn_ids) & self._summary_txn_ids(table):
-                return False
-            try:
-                files = [parquet_file_to_data_file(table.io, table.metadata, u) for u in uris]
-            except ValueError as exc:  # the table's schema changed since the files were written
-                raise SinkError(
-                    f"sink {self.sink_id!r}: the staged files of {txn_id!r} do not match "
-                    f"table {self.table_name!r} any more: {first_line(exc)}; nothing was committed"
-                ) from exc
-            # pyiceberg retries a lost commit by appending the files again on top of the
-            # winner's snapshot; ours re-reads the history first, so a replay stays a no-op.
-            properties = {**table.metadata.properties, COMMIT_NUM_RETRIES: "0"}
-            table.metadata = table.metadata.model_copy(update={"properties": properties})
-            try:
-                with table.transaction() as transaction:
-                    if table.metadata.name_mapping() is None:
-                        mapping = table.schema().name_mapping.model_dump_json()
-                        transaction.set_properties({NAME_MAPPING_PROPERTY: mapping})
-                    if replace:
-                        self._replace_slice_in(transaction, table, files, summary)
-                    else:
-                        self._append_in(transaction, files, summary)
-                return True
-            except CommitFailedException:
-                backoff(_attempt)  # another writer committed first: reload, re-check, retry
-                continue
-            except Exception as exc:
-                raise self._catalog_error("committing to", exc) from exc
-        raise SinkError(
-            f"sink {self.sink_id!r}: gave up committing {txn_id!r} to {self.table_name!r} after "
-            f"{COMMIT_ATTEMPTS} conflicting concurrent commits; nothing was committed, retry"
-        )
+        table = self._load()
+        if table is None:
+            raise SinkError(f"sink {self.sink_id!r}: table {self.table_name!r} was dropped")
+        if set(txn_ids) & self._summary_txn_ids(table):
+            return False
+        try:
+            files = [parquet_file_to_data_file(table.io, table.metadata, u) for u in uris]
+        except ValueError as exc:  # the table's schema changed since the files were written
+            raise SinkError(
+                f"sink {self.sink_id!r}: the staged files of {txn_ids[0]!r} do not match "
+                f"table {self.table_name!r} any more: {first_line(exc)}; nothing was committed"
+            ) from exc
+        # pyiceberg retries a lost commit by appending the files again on top of the winner's
+        # snapshot; ours re-reads the history first, so a replay stays a no-op.
+        properties = {**table.metadata.properties, COMMIT_NUM_RETRIES: "0"}
+        table.metadata = table.metadata.model_copy(update={"properties": properties})
+        try:
+            with table.transaction() as transaction:
+                if table.metadata.name_mapping() is None:
+                    mapping = table.schema().name_mapping.model_dump_json()
+                    transaction.set_properties({NAME_MAPPING_PROPERTY: mapping})
+                if replace:
+                    self._replace_slice_in(transaction, table, files, summary)
+                else:
+                    self._append_in(transaction, files, summary)
+        except CommitFailedException as exc:  # another writer committed first
+            raise CommitConflict(first_line(exc)) from exc
+        except Exception as exc:
+            raise self._catalog_error("committing to", exc) from exc
+        return True
 
     # -- readers -----------------------------------------------------------------------------
 

@@ -53,9 +53,6 @@ SINK_ID_KEY = "finalckpt.sink-id"
 TXN_ID_KEY = "finalckpt.txn-id"
 CHECKPOINT_ID_KEY = "finalckpt.checkpoint-id"
 
-#: Optimistic table commits lost to another writer are retried this often.
-COMMIT_ATTEMPTS = 8
-
 
 def first_line(exc: BaseException) -> str:
     """One line for an error message: JVM and catalog errors span pages; their first line
@@ -66,13 +63,6 @@ def first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     lines = [line.lstrip(": ") for line in lines if not line.startswith("An error occurred")]
     return lines[0][:300] if lines else type(exc).__name__
-
-
-def backoff(attempt: int) -> None:
-    """Wait before retrying a commit lost to another writer (jittered, so racers spread)."""
-    import random
-
-    time.sleep(random.uniform(0.02, 0.1) * (attempt + 1))
 
 
 def spark_uri(uri: str) -> str:
