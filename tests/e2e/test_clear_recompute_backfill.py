@@ -41,7 +41,7 @@ from .ui_cluster import ui_cluster, wait_for
 
 DAG = "finalckpt_e2e_backfill"
 DAYS = [dt.date(2013, 1, d) for d in range(1, 8)]
-HELD_DAY = DAYS[3]
+HELD_DAY = DAYS[1]  # in the first three runs: its kill and retry overlap the others
 MAX_ACTIVE_RUNS = 3
 #: Hang guards for a whole backfill on 2 busy cores, not timing assertions.
 BACKFILL_TIMEOUT_S = 900
@@ -59,14 +59,15 @@ def _work() -> Path:
 
 
 def _prepare_input(work: Path) -> None:
-    """The example's day files, each day split in two files (two splits, two batches)."""
+    """The example's day files; the held day's split in two (two splits, two batches), the
+    others one batch each (each batch is four sink writes: the test stays cheap).
+    """
     prepare_inputs(work / "input", days=DAYS)
-    for day in DAYS:
-        path = work / "input" / FLIGHTS_DIR / f"day={day.isoformat()}.parquet"
-        table = pq.read_table(path)
-        half = table.num_rows // 2
-        pq.write_table(table.slice(half), path.with_name(f"day={day.isoformat()}.second.parquet"))
-        pq.write_table(table.slice(0, half), path)
+    path = work / "input" / FLIGHTS_DIR / f"day={HELD_DAY.isoformat()}.parquet"
+    table = pq.read_table(path)
+    half = table.num_rows // 2
+    pq.write_table(table.slice(half), path.with_name(f"day={HELD_DAY.isoformat()}.second.parquet"))
+    pq.write_table(table.slice(0, half), path)
     (work / "output").mkdir(parents=True, exist_ok=True)
 
 
@@ -126,18 +127,18 @@ def _runs(cluster: AirflowCluster) -> dict[str, dict[str, Any]]:
     return {run["logical_date"][:10]: run for run in runs}
 
 
-def _wait_all(cluster: AirflowCluster) -> dict[str, dict[str, Any]]:
-    """The runs of every day once all succeeded (or one failed: the assertion says which)."""
+def _wait_backfills(cluster: AirflowCluster) -> dict[str, dict[str, Any]]:
+    """Once Airflow marked every backfill of the DAG complete (all its runs finished; the
+    scheduler checks every 30 s, and a DAG takes one running backfill at a time): the runs,
+    all of which must have succeeded.
+    """
 
-    def finished() -> dict[str, dict[str, Any]] | None:
-        runs = _runs(cluster)
-        states = {run["state"] for run in runs.values()}
-        done = len(runs) == len(DAYS) and states == {"success"}
-        return runs if done or "failed" in states else None
+    def complete() -> bool:
+        backfills = cluster.api("GET", "/api/v2/backfills", params={"dag_id": DAG})["backfills"]
+        return bool(backfills) and all(b["completed_at"] for b in backfills)
 
-    runs: dict[str, dict[str, Any]] = wait_for(
-        finished, "the backfill's runs", timeout=BACKFILL_TIMEOUT_S, every=2.0
-    )
+    wait_for(complete, "the backfill to complete", timeout=BACKFILL_TIMEOUT_S, every=2.0)
+    runs = _runs(cluster)
     assert {day: run["state"] for day, run in runs.items()} == {
         day.isoformat(): "success" for day in DAYS
     }
@@ -184,15 +185,17 @@ def test_a_backfill_with_a_killed_run_then_a_reprocess_leaves_each_day_once_in_e
         "--max-active-runs",
         str(MAX_ACTIVE_RUNS),
     )
-    wait_for(lambda: (work / "held").exists(), "the held day's second batch", timeout=600)
+    wait_for(
+        lambda: (work / "held").exists(), "the held day's second batch", timeout=BACKFILL_TIMEOUT_S
+    )
     held_run = _runs(cluster)[HELD_DAY.isoformat()]["dag_run_id"]
     killed = cluster.kill_task_process(DAG, held_run, "read_day", tree=True)
     (work / "hold").unlink()  # only now: the killed try never got past its second batch
-    runs = _wait_all(cluster)
+    runs = _wait_backfills(cluster)
     assert 2 <= _most_at_once(runs) <= MAX_ACTIVE_RUNS
     assert all(run["run_type"] == "backfill" for run in runs.values())
     retry = _read_day_try(cluster, held_run)
-    assert retry == killed.try_number + 1
+    assert retry > killed.try_number  # Airflow retried it (under load a try can fail queued)
     log = cluster.logs(DAG, held_run, "read_day", retry)
     assert "1 of 2 splits already finished, 1 to process" in log
     assert "recomputing" not in log
@@ -215,15 +218,14 @@ def test_a_backfill_with_a_killed_run_then_a_reprocess_leaves_each_day_once_in_e
             "reprocess_behavior": "completed",
         },
     )
-    again = _wait_all(cluster)
+    again = _wait_backfills(cluster)
     assert {run["dag_run_id"] for run in again.values()} == {
         run["dag_run_id"] for run in runs.values()
     }  # the same runs, cleared
-    assert {day: _read_day_try(cluster, run["dag_run_id"]) for day, run in again.items()} == {
-        day: n + 1 for day, n in tries.items()
-    }
-    day_run = again[DAYS[0].isoformat()]["dag_run_id"]
-    log = cluster.logs(DAG, day_run, "read_day", tries[DAYS[0].isoformat()] + 1)
+    retried = {day: _read_day_try(cluster, run["dag_run_id"]) for day, run in again.items()}
+    assert all(retried[day] > n for day, n in tries.items()), (tries, retried)
+    day = DAYS[0].isoformat()
+    log = cluster.logs(DAG, again[day]["dag_run_id"], "read_day", retried[day])
     assert "was cleared after it succeeded" in log and "recomputing it from scratch" in log
     second = _check_sinks(expected)
     for sink, commits in second.items():  # one more commit per day, each replacing it
