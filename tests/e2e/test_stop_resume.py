@@ -11,7 +11,10 @@ dag-processor, triggerer, LocalExecutor, PostgreSQL), driven by the installed ``
   DAG run succeeds with a note saying how much was left unread, nothing from unread days
   appears, and the drained savepoint can be neither resumed nor restored.
 
-The stop latency (request -> savepoint complete -> task deferred) is printed for the notes.
+The stages are paced by order, not by timing (tests/e2e/stop_dags/stop_pipelines.py): enrich's
+second batch waits until the stop request is stored, ingest's second batch until the test
+writes the drain gate. The stop latency (request -> savepoint complete -> task deferred) is
+printed for the notes; benchmarks/stop_latency.py measures it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from .ui_cluster import _environment as ui_environment
 from .ui_cluster import store_url as ui_store_url
 
 SAVEPOINT_DAG = RESUME_DAG  # this module's own copy of the pipeline (its own sinks)
-ENRICH_DELAY_S = 8.0  # its enrich sleeps this long per batch (stop_dags/stop_pipelines.py)
+#: Suspended means suspended: what is checked not to move is watched at least this long.
+QUIET_S = 4.0
 
 
 @pytest.fixture
@@ -113,6 +117,7 @@ def test_stop_with_savepoint_mid_enrich_then_resume(
     key = wait_for(lambda: control.resolve(SAVEPOINT_DAG, run_id), "the pipeline to register")
     coord = Coordinator(control.engine, key)
     cluster.wait_for_task(SAVEPOINT_DAG, run_id, "enrich", states=("running",), timeout=300)
+    # enrich's second batch waits for the stop request: the stop lands mid-stage
     wait_for(lambda: coord.stage("enrich").progress.finished_splits, "enrich's first batch")
 
     stopped = finalckpt(work, store_url, "stop", SAVEPOINT_DAG, run_id, "--savepoint", "--wait")
@@ -127,11 +132,8 @@ def test_stop_with_savepoint_mid_enrich_then_resume(
     latency = {
         "savepoint_complete_s": round((savepoint.completed_at or 0) - stop.requested_at, 2),
         "task_deferred_spark_released_s_at_most": round(deferred_at - stop.requested_at, 2),
-        "split_batch_s_at_least": ENRICH_DELAY_S,
     }
     print(f"\n[stop latency] savepoint mid-enrich: {json.dumps(latency)}", file=sys.stderr)
-    # at most one split batch (the sleep + the Spark work) plus a few seconds
-    assert latency["savepoint_complete_s"] < ENRICH_DELAY_S + 30
 
     views = coord.stages()
     assert views["ingest"].lifecycle is StageLifecycle.CLOSED
@@ -144,10 +146,6 @@ def test_stop_with_savepoint_mid_enrich_then_resume(
     assert record.stages["enrich"].status.value == "PARTIALLY_FINISHED"
     assert record.stages["ingest"].status.value == "FULLY_FINISHED"
 
-    time.sleep(4)  # suspended means suspended: nothing moves, the run stays running
-    assert set(coord.stage("enrich").progress.finished_splits) == done_at_stop
-    assert cluster.dag_run(SAVEPOINT_DAG, run_id)["state"] == "running"
-    assert cluster.task_instance(SAVEPOINT_DAG, run_id, "enrich")["state"] == "deferred"
     status = finalckpt(work, store_url, "status", SAVEPOINT_DAG, run_id)
     assert status.returncode == 0 and "suspended" in status.stdout
 
@@ -155,6 +153,12 @@ def test_stop_with_savepoint_mid_enrich_then_resume(
     # takes the trigger over and the same try of enrich goes on (no failure, no retry)
     try_at_stop = cluster.task_instance(SAVEPOINT_DAG, run_id, "enrich")["try_number"]
     cluster.restart("triggerer")
+    assert cluster.task_instance(SAVEPOINT_DAG, run_id, "enrich")["state"] == "deferred"
+    # suspended means suspended: nothing moved since the deferral (at least QUIET_S ago, the
+    # status command and the restart took part of it), the run stays running
+    time.sleep(max(0.0, QUIET_S - (time.time() - deferred_at)))
+    assert set(coord.stage("enrich").progress.finished_splits) == done_at_stop
+    assert cluster.dag_run(SAVEPOINT_DAG, run_id)["state"] == "running"
     assert cluster.task_instance(SAVEPOINT_DAG, run_id, "enrich")["state"] == "deferred"
 
     resumed = finalckpt(work, store_url, "resume", SAVEPOINT_DAG, run_id)
@@ -177,7 +181,7 @@ def test_stop_with_savepoint_mid_enrich_then_resume(
 def test_stop_with_drain_mid_ingest(
     cluster: AirflowCluster, control: PipelineControl, work: Path, store_url: str
 ) -> None:
-    gate = work / "drain" / "stop-sent"  # ingest's later batches wait for it (stop_pipelines.py)
+    gate = work / "drain" / "stop-sent"  # ingest's second batch waits for it (stop_pipelines.py)
     gate.unlink(missing_ok=True)
     run_id = cluster.trigger_dag(DRAIN_DAG)
     key = wait_for(lambda: control.resolve(DRAIN_DAG, run_id), "the pipeline to register")
@@ -186,10 +190,11 @@ def test_stop_with_drain_mid_ingest(
 
     drained = finalckpt(work, store_url, "stop", DRAIN_DAG, run_id, "--drain")
     assert drained.returncode == 0, drained.stderr
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    gate.touch()
+    # ingest still holds its second batch: the drain cannot have completed yet
     again = finalckpt(work, store_url, "stop", DRAIN_DAG, run_id, "--savepoint")
     assert again.returncode == 2 and "already stopping" in again.stderr
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.touch()
 
     state = cluster.wait_for_run(DRAIN_DAG, run_id, timeout=600)
     assert state == "success", cluster.log_tails(80)

@@ -245,7 +245,7 @@ def test_stop_with_drain_from_the_airflow_ui(
         assert stop_requests(UI_DRAIN_DAG, run_id) == []
 
         # ingest's first batch (7 of 21 days) is done (Spark's start-up on a loaded machine can
-        # take minutes); its second takes at least 10 s
+        # take minutes); its second waits for the drain request (stop_dags/stop_pipelines.py)
         expect(frame.locator("g.stage[data-stage-id='ingest']")).to_have_attribute(
             "data-progress", re.compile(r"^[1-9][0-9]*/"), timeout=300_000
         )

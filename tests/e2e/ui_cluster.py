@@ -26,10 +26,12 @@ from airflow_finalckpt.store.migrate import ensure_schema
 from .airflow_cluster import AirflowCluster, _create_database, _drop_database, postgres_reachable
 
 STOP_DAGS = Path(__file__).parent / "stop_dags"
-SAVEPOINT_DAG = "finalckpt_e2e_savepoint"  # enrich sleeps 3 s per batch
-RESUME_DAG = "finalckpt_e2e_resume"  # its own sinks, enrich sleeps 8 s (test_stop_resume.py)
-DRAIN_DAG = "finalckpt_e2e_drain"  # ingest sleeps 3 s per batch, then waits for the stop
-UI_DRAIN_DAG = "finalckpt_e2e_ui_drain"  # its own sinks, ingest sleeps 10 s (test_ui_browser.py)
+# Paced by order (stop_dags/stop_pipelines.py): the stopped stage's second batch waits for the
+# stop request (savepoint, resume, ui_drain) or for a gate file the test writes (drain).
+SAVEPOINT_DAG = "finalckpt_e2e_savepoint"  # enrich's second batch waits for the stop request
+RESUME_DAG = "finalckpt_e2e_resume"  # the same, its own sinks (test_stop_resume.py)
+DRAIN_DAG = "finalckpt_e2e_drain"  # ingest's second batch waits for the test's gate file
+UI_DRAIN_DAG = "finalckpt_e2e_ui_drain"  # ingest's second batch waits for the drain request
 DAYS = 21  # three ingest batches of 7 days; enrich runs three batches of one part
 
 

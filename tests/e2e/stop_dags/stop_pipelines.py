@@ -2,7 +2,12 @@
 output and pace (FINALCKPT_E2E_WORK and FINALCKPT_E2E_DAYS are set by the tests' cluster, see
 tests/e2e/ui_cluster.py). ``retries=1``: a stage task that Airflow fails for its own reasons
 (e.g. apache/airflow#72716, a deferred task failed by a stale executor event under load) is
-retried, and the retry continues the stage from its durable progress."""
+retried, and the retry continues the stage from its durable progress.
+
+The stages a test stops are paced by order, not by timing: every batch but the stage's first
+waits until the DAG run's pipeline has a stop request (``_until_stopped``) or until the test
+writes a gate file (``_gate``), so a stop requested after the first batch always lands mid-stage
+however slowly the machine runs, and no batch sleeps."""
 
 from __future__ import annotations
 
@@ -18,20 +23,15 @@ WORK = os.environ.get("FINALCKPT_E2E_WORK", "/tmp/finalckpt-e2e-stop")
 DAYS = int(os.environ.get("FINALCKPT_E2E_DAYS", "21"))
 #: Fixed batches (not the default "auto"): the tests stop and drain at known batch boundaries.
 BATCH_SIZES = {"ingest": 7, "enrich": 1, "delay_windows": 4, "publish": 4}
+#: A hang guard for a held batch, never reached when the test works.
+HOLD_S = 600.0
 
 
-def _sleep(seconds: float) -> Callable[[Any], None]:
-    """A batch hook pacing a stage: each of its batches first sleeps ``seconds``."""
-    return lambda _ctx: time.sleep(seconds)
-
-
-def _gate(path: str, seconds: float, *, at_most_s: float = 300.0) -> Callable[[Any], None]:
-    """A batch hook pacing a stage by order, not by timing: each batch sleeps ``seconds``, and
-    every batch but the stage's first then waits (at most ``at_most_s``) for the file ``path``,
-    which the test writes once its stop request is stored."""
+def _gate(path: str, *, at_most_s: float = HOLD_S) -> Callable[[Any], None]:
+    """A batch hook: every batch but the stage's first waits (at most ``at_most_s``) for the
+    file ``path``, which the test writes when it lets the stage go on."""
 
     def hook(ctx: Any) -> None:
-        time.sleep(seconds)
         if first_days(1)[0] in {day_of_split(s) for s in ctx.splits}:
             return  # the first batch
         deadline = time.monotonic() + at_most_s
@@ -41,14 +41,42 @@ def _gate(path: str, seconds: float, *, at_most_s: float = 300.0) -> Callable[[A
     return hook
 
 
+def _until_stopped(*, at_most_s: float = HOLD_S) -> Callable[[Any], None]:
+    """A batch hook: every batch after the stage's first recorded one waits (at most
+    ``at_most_s``) until the DAG run's pipeline has a stop request, in any state (a resumed
+    stage goes on at once). The first batch runs at once, so a test sees progress, stops, and
+    the stop always lands before the stage's last split."""
+
+    def hook(ctx: Any) -> None:
+        from airflow_finalckpt.coordination import Coordinator
+        from airflow_finalckpt.store.engine import make_engine
+        from airflow_finalckpt.store.repository import pipeline_of_dag_run
+
+        engine = make_engine(os.environ["AIRFLOW__FINALCKPT__STORE_URL"])
+        try:
+            key = pipeline_of_dag_run(engine, ctx.run.dag_id, ctx.run.run_id)
+            if key is None:
+                return
+            coord = Coordinator(engine, key)
+            if not coord.stage(ctx.stage_id).progress.finished_splits:
+                return  # the first batch
+            deadline = time.monotonic() + at_most_s
+            while coord.stop_request() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            engine.dispose()
+
+    return hook
+
+
 def _copy(
     dag_id: str,
     name: str,
     *,
-    ingest_delay_s: float = 0.0,
-    enrich_delay_s: float = 0.0,
     ingest_hook: Callable[[Any], None] | None = None,
+    enrich_hook: Callable[[Any], None] | None = None,
 ) -> object:
+    hooks = {"ingest": ingest_hook, "enrich": enrich_hook}
     return build_dag(
         dag_id,
         input_dir=f"{WORK}/input",
@@ -57,23 +85,20 @@ def _copy(
         retries=1,
         asset=f"{dag_id}_windows",
         batch_sizes=BATCH_SIZES,
-        batch_hooks={
-            "ingest": ingest_hook or _sleep(ingest_delay_s),
-            "enrich": _sleep(enrich_delay_s),
-        },
+        batch_hooks={stage: hook for stage, hook in hooks.items() if hook is not None},
     )
 
 
-# stop with savepoint / resume through the REST API and the UI page
-savepoint_dag = _copy("finalckpt_e2e_savepoint", "savepoint", enrich_delay_s=3.0)
-# stop with savepoint / resume through the CLI, sinks compared row for row; slower batches:
-# the stop comes from a console script whose start-up under load can take several seconds, and
-# it must land before enrich's second batch ends (tests/e2e/test_stop_resume.py)
-resume_dag = _copy("finalckpt_e2e_resume", "resume", enrich_delay_s=8.0)
-# stop with drain mid-ingest: ingest's second batch starts only once the test has stored its
-# drain request (the CLI's start-up under load took longer than two 3 s batches once)
+# stop with savepoint / resume through the REST API and the UI page: enrich's second batch
+# waits for the stop request
+savepoint_dag = _copy("finalckpt_e2e_savepoint", "savepoint", enrich_hook=_until_stopped())
+# stop with savepoint / resume through the CLI, sinks compared row for row
+# (tests/e2e/test_stop_resume.py): enrich's second batch waits for the stop request
+resume_dag = _copy("finalckpt_e2e_resume", "resume", enrich_hook=_until_stopped())
+# stop with drain mid-ingest: ingest's second batch waits until the test has stored its drain
+# request and seen a second stop refused (it writes the gate file then)
 DRAIN_GATE = f"{WORK}/drain/stop-sent"
-drain_dag = _copy("finalckpt_e2e_drain", "drain", ingest_hook=_gate(DRAIN_GATE, 3.0))
-# stop with drain clicked in the UI page (tests/e2e/test_ui_browser.py): its own sinks, and
-# ingest batches slow enough that the click lands while ingest still has days to read
-ui_drain_dag = _copy("finalckpt_e2e_ui_drain", "ui_drain", ingest_delay_s=10.0)
+drain_dag = _copy("finalckpt_e2e_drain", "drain", ingest_hook=_gate(DRAIN_GATE))
+# stop with drain clicked in the UI page (tests/e2e/test_ui_browser.py): its own sinks;
+# ingest's second batch waits for the drain request
+ui_drain_dag = _copy("finalckpt_e2e_ui_drain", "ui_drain", ingest_hook=_until_stopped())
