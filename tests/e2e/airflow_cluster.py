@@ -16,6 +16,7 @@ group, so killing the scheduler's process group alone would leak it. See docs/te
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -38,6 +39,8 @@ from urllib.parse import quote
 
 import httpx
 import psutil
+
+from .spark_cds import spark_cds_option
 
 MARKER_ENV = "FINALCKPT_E2E_CLUSTER"
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -154,6 +157,38 @@ def _create_database(name: str) -> str:
     finally:
         engine.dispose()
     return pg_admin_url().set(database=name).render_as_string(hide_password=False)
+
+
+def _clone_database(name: str, template: str) -> str:
+    """A copy of ``template`` (no connection to it may be open): a file copy, far cheaper than
+    ``airflow db migrate`` in a fresh Python process."""
+    from sqlalchemy import text
+
+    engine = _admin_engine()
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    finally:
+        engine.dispose()
+    return pg_admin_url().set(database=name).render_as_string(hide_password=False)
+
+
+#: Migrated metadata databases of this process, by what the migration depends on (see
+#: ``AirflowCluster._template_key``): the first cluster runs ``airflow db migrate`` and keeps a
+#: copy; the next clusters with the same key start from a copy of it.
+_TEMPLATES: dict[str, str] = {}
+
+
+def drop_templates() -> None:
+    """Drop this process's migrated template databases (at exit; ``reap_stale`` drops those of
+    a process that could not)."""
+    while _TEMPLATES:
+        _key, name = _TEMPLATES.popitem()
+        with contextlib.suppress(Exception):
+            _drop_database(name)
+
+
+atexit.register(drop_templates)
 
 
 def _drop_database(name: str) -> None:
@@ -304,6 +339,7 @@ class AirflowCluster:
         keep_home: bool | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         log_tail_lines: int = 80,
+        reuse_migrated_db: bool = True,
     ) -> None:
         unknown = set(components) - set(COMPONENTS)
         if unknown:
@@ -321,6 +357,8 @@ class AirflowCluster:
             keep_home = os.environ.get("FINALCKPT_E2E_KEEP") == "1"
         self.keep_home = keep_home
         self.log_tail_lines = log_tail_lines
+        self.reuse_migrated_db = reuse_migrated_db and database == "postgres"
+        self.migrated_from_template = False
 
         self.cluster_id = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self.home = Path(tempfile.mkdtemp(prefix=f"airflow_e2e_{self.cluster_id}_", dir=base_dir))
@@ -334,6 +372,8 @@ class AirflowCluster:
         self.env: dict[str, str] = {}
         self.startup_seconds: float | None = None
         self.startup_phases: dict[str, float] = {}
+        self.spark_cds_seconds = 0.0
+        self._spark_cds: str | None = None
         self.failed = False
         self.killed: list[KilledProcess] = []
         self._components: dict[str, _Component] = {}
@@ -355,12 +395,18 @@ class AirflowCluster:
         if self._started:
             return self
         self._started = True
+        # once per machine, not part of the start-up (timeout): the Spark drivers' CDS archive
+        built = time.monotonic()
+        self._spark_cds = spark_cds_option(os.environ.get("SPARK_SUBMIT_OPTS", ""))
+        self.spark_cds_seconds = time.monotonic() - built
         t0 = time.monotonic()
         try:
             self._prepare_home()
             self._create_metadata_db()
             self.env = self._build_env()
-            self._migrate()
+            if not self.migrated_from_template:
+                self._migrate()
+                self._keep_template()
             self.startup_phases["db"] = time.monotonic() - t0
             self._http = httpx.Client(base_url=self.base_url, timeout=30.0)
             for name in self.component_names:
@@ -425,8 +471,35 @@ class AirflowCluster:
         if not ok:
             raise ClusterError(where)
         name = f"airflow_e2e_{self.cluster_id}"
-        self.db_url = _create_database(name)
+        template = _TEMPLATES.get(self._template_key()) if self.reuse_migrated_db else None
+        if template is not None:
+            self.db_url = _clone_database(name, template)
+            self.migrated_from_template = True
+        else:
+            self.db_url = _create_database(name)
         self.db_name = name
+
+    def _template_key(self) -> str:
+        """What ``airflow db migrate`` writes besides the schema depends on: the admin database
+        and the settings it reads (default pool size, log templates, external DB managers)."""
+        relevant = ("AIRFLOW__CORE__", "AIRFLOW__DATABASE__", "AIRFLOW__LOGGING__")
+        settings = sorted((k, v) for k, v in self.extra_env.items() if k.startswith(relevant))
+        return repr((str(pg_admin_url()), settings))
+
+    def _keep_template(self) -> None:
+        """After the first migration: copy the fresh database as this process's template."""
+        if not self.reuse_migrated_db or self.db_name is None:
+            return
+        key = self._template_key()
+        if key in _TEMPLATES:
+            return
+        template = f"airflow_e2e_{os.getpid()}_template{len(_TEMPLATES)}"
+        try:
+            _clone_database(template, self.db_name)
+        except Exception as exc:  # e.g. a connection still open: migrate next time
+            print(f"[airflow-e2e] no template database: {exc}", file=sys.stderr)
+            return
+        _TEMPLATES[key] = template
 
     def _build_env(self) -> dict[str, str]:
         from cryptography.fernet import Fernet
@@ -492,6 +565,9 @@ class AirflowCluster:
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
         }
         env.update(cfg)
+        if self._spark_cds:  # the tasks' Spark drivers map their classes from it
+            spark_opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+            env["SPARK_SUBMIT_OPTS"] = f"{spark_opts} {self._spark_cds}".strip()
         pythonpath = [*self.python_path]
         if os.environ.get("PYTHONPATH"):
             pythonpath.append(os.environ["PYTHONPATH"])

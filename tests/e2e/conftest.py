@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from .airflow_cluster import AirflowCluster, postgres_reachable, reap_stale
+from .ui_cluster import ui_cluster
 
 E2E_DIR = Path(__file__).parent
 SMOKE_DAGS = E2E_DIR / "dags"
@@ -41,8 +42,32 @@ def _stop_live() -> None:
 atexit.register(_stop_live)  # last resort (e.g. an exception outside fixtures)
 
 
+def _cluster_group(item: pytest.Item) -> str:
+    """Modules on the stop tests' cluster (``ui_cluster``) form one group; any other module
+    is its own group, unless it names one in ``E2E_CLUSTER_GROUP``."""
+    module = getattr(item, "module", None)
+    if module is not None and getattr(module, "ui_cluster", None) is ui_cluster:
+        return "ui_cluster"
+    return str(getattr(module, "E2E_CLUSTER_GROUP", "") or item.path)
+
+
+def _group_by_cluster(items: list[pytest.Item]) -> None:
+    """Run the modules of one cluster one after the other (first-seen order, stable inside a
+    group): the factory keeps one cluster at a time, so interleaving them would start the same
+    cluster twice (~1 min each under load)."""
+    slots = [i for i, item in enumerate(items) if E2E_DIR in Path(str(item.path)).parents]
+    e2e = [items[i] for i in slots]
+    first: dict[str, int] = {}
+    for n, item in enumerate(e2e):
+        first.setdefault(_cluster_group(item), n)
+    ordered = sorted(e2e, key=lambda item: first[_cluster_group(item)])
+    for i, item in zip(slots, ordered, strict=True):
+        items[i] = item
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _group_by_cluster(items)
     for item in items:
         if E2E_DIR in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.slow)
@@ -117,9 +142,14 @@ def airflow_cluster() -> Iterator[Callable[..., AirflowCluster]]:
         cluster = AirflowCluster(dag_paths, extra_env=extra_env, expect_dags=expect, **kwargs)
         _LIVE.append(cluster)
         cluster.start()
+        phases = ", ".join(f"{k} {v:.1f}s" for k, v in cluster.startup_phases.items())
+        if cluster.spark_cds_seconds > 1:
+            phases += (
+                f"; before it, the Spark CDS archive built in {cluster.spark_cds_seconds:.1f}s"
+            )
         print(
             f"\n[airflow-e2e] cluster {cluster.cluster_id} up in {cluster.startup_seconds:.1f}s "
-            f"at {cluster.base_url} (home {cluster.home})",
+            f"(cumulative: {phases}) at {cluster.base_url} (home {cluster.home})",
             file=sys.stderr,
         )
         clusters[key] = cluster
