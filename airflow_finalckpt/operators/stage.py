@@ -43,6 +43,7 @@ from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.pipeline_keys import default_pipeline_key, hints_scope
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
+from airflow_finalckpt.core.split_bytes import SplitBytes, check_split_bytes
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.hooks.masking import mask_task_secrets
 from airflow_finalckpt.lineage import stage_lineage
@@ -109,6 +110,9 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         every open event-time window.
     :param splits: a source stage's split ids: a list, or a callable of the run's ``RunContext``
         (or of nothing); default: the ``primary_input``'s parts (``allow_empty=False``: none fails).
+    :param split_bytes: input bytes of each of a source's splits (a dict, or a callable of one
+        split id, run where the Spark driver runs; None: unknown), so its first auto batch is
+        sized from bytes instead of a one-split probe (``sizing.file_bytes`` for file splits).
     :param primary_input: the upstream stage whose output parts are this stage's splits
         (default: the only upstream stage).
     :param sinks: two-phase-commit sinks (their ``template_fields`` are rendered per run).
@@ -144,6 +148,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         on_finish: Transform | None = None,
         stage_id: str | None = None,
         splits: scheduling.SplitsArg | None = None,
+        split_bytes: SplitBytes | None = None,
         primary_input: str | None = None,
         sinks: Sequence[TwoPhaseCommitSink] = (),
         pipeline_key: str | None = None,
@@ -170,6 +175,8 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         self.transform: Transform = check_callable(stage_id, "transform", transform, optional=False)
         self.on_finish = check_callable(stage_id, "on_finish", on_finish, optional=True)
         self.splits = check_splits(stage_id, splits)
+        own = splits is not None
+        self.split_bytes = check_split_bytes(stage_id, split_bytes, own_splits=own)
         self.primary_input = check_optional_text(stage_id, "primary_input", primary_input)
         self.sinks = check_sinks(stage_id, sinks)
         self.pipeline_key = check_optional_text(stage_id, "pipeline_key", pipeline_key)
@@ -364,7 +371,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         """
         target = self._spark_target()
         job = self._stage_job(key, settings, splits, manifests, context)
-        code = StageCode(self._transform(), self.on_finish, tuple(self.sinks))
+        code = StageCode(self._transform(), self.on_finish, tuple(self.sinks), self.split_bytes)
         finished = coordinator.stage(self.stage_id).lifecycle.is_finished
         if target.mode is ExecutionMode.SUBMIT and not finished:
             return self._run_submitted(context, coordinator, settings, storage, job, code)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.run_context import RunContext
+from airflow_finalckpt.core.split_bytes import SplitBytes
 from airflow_finalckpt.runtime.runner import Log, Progress, StageLogic, StageRunner, StageSpec
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.storage import CheckpointStorage
@@ -29,6 +30,9 @@ class StageCode:
     transform: Callable[..., Any] | None = None
     on_finish: Callable[..., Any] | None = None
     sinks: tuple[TwoPhaseCommitSink, ...] = ()
+    #: A source's declared input bytes per split (``core.split_bytes``): evaluated where the
+    #: stage logic runs (the Spark driver), which sees the input files.
+    split_bytes: SplitBytes | None = None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ def spark_logic(session: Callable[[], SparkSession]) -> LogicFactory:
             upstream_manifests={k: list(v) for k, v in job.upstream_manifests.items()},
             split_keys=job.spec.split_keys,
             run=job.run,
+            split_bytes=code.split_bytes,
         )
 
     return make
@@ -165,7 +166,8 @@ def _load_code(job: DriverJob, files: Files, key: bytes) -> StageCode:
             return pickled[name]
         return resolve_reference(how[len("ref:") :])
 
-    return StageCode(load("transform"), load("on_finish"), tuple(load("sinks") or ()))
+    sinks = tuple(load("sinks") or ())
+    return StageCode(load("transform"), load("on_finish"), sinks, load("split_bytes"))
 
 
 def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
 from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan
 from airflow_finalckpt.core.run_context import RunContext
+from airflow_finalckpt.core.split_bytes import SplitBytes, declared_bytes
 from airflow_finalckpt.pyspark_compat import local_copy
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
@@ -224,6 +225,7 @@ class SparkStageLogic:
         upstream_manifests: Mapping[str, list[str]] | None = None,
         split_keys: Sequence[str] = (),
         run: RunContext | None = None,
+        split_bytes: SplitBytes | None = None,
     ) -> None:
         self._spark = spark
         self.run = run or RunContext()
@@ -234,6 +236,8 @@ class SparkStageLogic:
         self.on_finish = on_finish
         self.sinks = list(sinks)
         self.upstream_manifests = dict(upstream_manifests or {})
+        #: A source's declared input bytes per split (``core.split_bytes``).
+        self.split_bytes = split_bytes
         self.handles: dict[str, StateHandle] = {}
         self.pending_state: dict[str, DataFrame] = {}
         self.watermark: int | None = None
@@ -453,30 +457,43 @@ class SparkStageLogic:
         return frame
 
     def split_weights(self, splits: Sequence[str]) -> list[int | None]:
-        """Bytes of each split that is an upstream output part (None for other splits): auto
-        batches are sized by input bytes. One recursive listing per upstream stage.
+        """Bytes of each split (None: unknown): an upstream output part's from its files (one
+        recursive listing per upstream stage), another split's from the stage's declared
+        ``split_bytes``. Auto batches are sized by input bytes when all are known.
         """
         sizes: list[int | None] = [None] * len(splits)
         by_dir: dict[str, list[int]] = {}
+        declared: list[int] = []
         for index, split in enumerate(splits):
             stage_dir, _, key = split.rpartition("/")
             if split.startswith("data/") and stage_dir.count("/") == 1 and key:
                 by_dir.setdefault(stage_dir, []).append(index)
-        fs = self.storage.fs
+            else:
+                declared.append(index)
+        if declared and self.split_bytes is not None:
+            found = declared_bytes(self.stage_id, self.split_bytes, [splits[i] for i in declared])
+            for index, size in zip(declared, found, strict=True):
+                sizes[index] = size
         for stage_dir, indexes in by_dir.items():
-            try:
-                files = fs.find(self._resolve(stage_dir), detail=True)
-            except (OSError, ValueError):
-                continue
-            totals: dict[str, int] = {}
-            for path, info in files.items():
-                part = str(path).rstrip("/").split(f"/{stage_dir}/", 1)[-1].split("/", 1)[0]
-                totals[part] = totals.get(part, 0) + int(info.get("size") or 0)
-            for index in indexes:
-                key = splits[index].rpartition("/")[2]
-                if key in totals:
-                    sizes[index] = totals[key]
+            self._part_sizes(splits, stage_dir, indexes, sizes)
         return sizes
+
+    def _part_sizes(
+        self, splits: Sequence[str], stage_dir: str, indexes: list[int], sizes: list[int | None]
+    ) -> None:
+        """Fill ``sizes`` at ``indexes`` with the bytes of those upstream parts of one stage."""
+        try:
+            files = self.storage.fs.find(self._resolve(stage_dir), detail=True)
+        except (OSError, ValueError):
+            return
+        totals: dict[str, int] = {}
+        for path, info in files.items():
+            part = str(path).rstrip("/").split(f"/{stage_dir}/", 1)[-1].split("/", 1)[0]
+            totals[part] = totals.get(part, 0) + int(info.get("size") or 0)
+        for index in indexes:
+            key = splits[index].rpartition("/")[2]
+            if key in totals:
+                sizes[index] = totals[key]
 
     def read_parts(self, parts: Sequence[str]) -> DataFrame:
         """Upstream output parts as one frame; a stage's part schema is read once per attempt."""

@@ -110,6 +110,21 @@ CASES = {
         op("transform=noop, sinks=[ParquetTableSink('out', TMP + '/t', commit_mode='x')]"),
         "sink 'out': argument commit_mode='x' is not one of 'auto', 'rename', 'copy'",
     ),
+    "split_bytes type": (
+        op("transform=noop, split_bytes=123"),
+        "stage 'ingest': argument split_bytes=123 is invalid: must be a dict of split id -> bytes",
+    ),
+    "split_bytes value": (
+        op("transform=noop, split_bytes={'a': -1}"),
+        "stage 'ingest': argument split_bytes={'a': -1} is invalid: must be a dict of split id "
+        "-> bytes (an int >= 0, or None for unknown), a callable of one split id returning that, "
+        "or None; got ('a', -1)",
+    ),
+    "split_bytes downstream": (
+        'FinalCheckpointStageOperator(task_id="enrich", transform=noop, split_bytes={"a": 1})',
+        "stage 'enrich': argument split_bytes={'a': 1} is invalid: only a stage with its own "
+        "splits= (a source) declares split sizes",
+    ),
     "decorator": (
         "finalckpt_stage(noop, splits=['a'], poll_interval=-2)()",
         "stage 'noop': argument poll_interval=-2 is invalid: must be > 0 seconds",
@@ -139,7 +154,10 @@ def test_a_correct_stage_parses(tmp_path: Path) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
     path = tmp_path / "parse_ok.py"
-    body = op("transform=noop, poll_interval=1, checkpoint_interval=30, commit_mode='final'")
+    body = op(
+        "transform=noop, poll_interval=1, checkpoint_interval=30, commit_mode='final', "
+        "split_bytes={'a': 10}"
+    )
     path.write_text(textwrap.dedent(DAG_FILE).format(tmp=str(tmp_path), body=body))
     bag = DagBag(dag_folder=str(path), bundle_path=tmp_path, bundle_name="parse-check")
     assert bag.import_errors == {}

@@ -178,6 +178,7 @@ def build_branching_dag(
         @finalckpt_stage(
             spark_conf=conf,
             splits=lambda: open_layout(input_dir).split_ids,
+            split_bytes=stages.ingest_split_bytes(input_dir),
             batch_size=sizes.get("ingest", "auto"),
         )
         def ingest(ctx: BatchContext) -> DataFrame | None:

@@ -24,6 +24,7 @@ from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.decorators import finalckpt_stage
 from airflow_finalckpt.examples.nycflights13.data import FLIGHTS_DIR, prepare_inputs
 from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink, ParquetTableSink, SqlTableSink
+from airflow_finalckpt.sizing import SPLIT_FIELD, file_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -108,7 +109,10 @@ def build_daily_dag(
         doc_md=__doc__,
     ) as dag:
 
-        @finalckpt_stage(splits=lambda run: day_files(input_dir, run_day(run)))
+        @finalckpt_stage(
+            splits=lambda run: day_files(input_dir, run_day(run)),
+            split_bytes=file_bytes(str(Path(input_dir) / FLIGHTS_DIR / SPLIT_FIELD)),
+        )
         def read_day(ctx: BatchContext) -> DataFrame:
             return read_day_transform(input_dir, ctx)
 

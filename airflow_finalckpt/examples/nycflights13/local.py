@@ -18,8 +18,14 @@ from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.split_bytes import SplitBytes
 from airflow_finalckpt.examples.nycflights13.data import open_layout
-from airflow_finalckpt.examples.nycflights13.stages import EDGES, STAGE_IDS, example_stages
+from airflow_finalckpt.examples.nycflights13.stages import (
+    EDGES,
+    STAGE_IDS,
+    ExampleStage,
+    example_stages,
+)
 from airflow_finalckpt.runtime.runner import (
     CommitMode,
     RunResult,
@@ -70,13 +76,15 @@ def run_example_locally(
     checkpoint_interval_s: float = 60.0,
     fault: Callable[[str, str], None] | None = None,
     close_timeout_s: float = 60.0,
+    ingest_split_bytes: SplitBytes | None = None,
 ) -> LocalRun:
     """Run every stage to CLOSED (raises whatever a stage raises, e.g. an injected fault).
 
     ``batch_sizes``: per stage, ``"auto"`` (default) or a split count; ``target_batch_s``: the
     auto batches' target seconds, for every stage or per stage (default: the runtime's);
     ``hints``: where measured batch throughput is kept between runs (None: every run starts
-    cold).
+    cold); ``ingest_split_bytes``: ingest's declared split sizes instead of its day files' (tests
+    of a big cold input).
     """
     coordinator.register(example_graph())
     layout = open_layout(input_dir)
@@ -97,6 +105,7 @@ def run_example_locally(
             on_finish=stage.on_finish,
             sinks=stage_sinks,
             upstream_manifests=manifests,
+            split_bytes=_split_bytes_of(stage, ingest_split_bytes),
         )
         stage_id = stage.stage_id
         runner = StageRunner(
@@ -130,6 +139,15 @@ def run_example_locally(
             eod = runner.try_close()
         run.end_of_data[stage_id] = eod
     return run
+
+
+def _split_bytes_of(
+    stage: ExampleStage, ingest_split_bytes: SplitBytes | None
+) -> SplitBytes | None:
+    """A stage's declared split sizes: the ones given for ingest, else the stage's own."""
+    if stage.stage_id == "ingest" and ingest_split_bytes is not None:
+        return ingest_split_bytes
+    return stage.split_bytes
 
 
 def _target_of(target_batch_s: float | Mapping[str, float] | None, stage_id: str) -> float:

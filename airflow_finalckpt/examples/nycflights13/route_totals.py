@@ -121,6 +121,7 @@ def build_route_totals_dag(
 
         @finalckpt_stage(
             splits=lambda: open_layout(input_dir).split_ids,
+            split_bytes=stages.ingest_split_bytes(input_dir),
             batch_size=sizes.get("ingest", "auto"),
         )
         def ingest(ctx: BatchContext) -> DataFrame | None:

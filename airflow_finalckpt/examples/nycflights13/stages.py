@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from pyspark.sql import DataFrame
 
+from airflow_finalckpt.core.split_bytes import SplitBytes
 from airflow_finalckpt.examples.nycflights13.data import (
     DIMENSION_TABLES,
+    FLIGHTS_DIR,
     InputLayout,
     open_layout,
+    split_file_name,
     split_path,
 )
 from airflow_finalckpt.examples.nycflights13.transforms import (
@@ -28,6 +32,7 @@ from airflow_finalckpt.examples.nycflights13.transforms import (
     load_dim,
     verify_dims,
 )
+from airflow_finalckpt.sizing import SPLIT_FIELD, FileBytes, file_bytes
 from airflow_finalckpt.spark.stage import BatchContext, Transform
 
 STAGE_IDS = ("ingest", "enrich", "delay_windows", "publish")
@@ -44,11 +49,20 @@ class ExampleStage:
     on_finish: Transform | None = None
     #: The upstream stage whose output parts are this stage's splits (None: a source).
     primary_input: str | None = None
+    #: A source's input bytes per split (its first auto batch is sized from them).
+    split_bytes: SplitBytes | None = None
 
 
 def input_layout(ctx: BatchContext, input_dir: str) -> InputLayout:
     """The input layout, read once per stage attempt (reading it checks every input file)."""
     return ctx.attempt_value("input_layout", partial(open_layout, input_dir))
+
+
+def ingest_split_bytes(input_dir: str) -> FileBytes:
+    """Ingest's ``split_bytes``: each day's input file size, so a cold ingest is sized from
+    bytes (one batch for the year at x1 and x10) instead of probing one day first.
+    """
+    return file_bytes(str(Path(input_dir) / FLIGHTS_DIR / split_file_name(SPLIT_FIELD)))
 
 
 def ingest_transform(input_dir: str) -> Transform:
@@ -112,7 +126,9 @@ def publish_transform(ctx: BatchContext) -> DataFrame:
 def example_stages(input_dir: str) -> list[ExampleStage]:
     """The example's stages in topological order, reading input from ``input_dir``."""
     return [
-        ExampleStage("ingest", ingest_transform(input_dir)),
+        ExampleStage(
+            "ingest", ingest_transform(input_dir), split_bytes=ingest_split_bytes(input_dir)
+        ),
         ExampleStage("enrich", enrich_transform(input_dir), primary_input="ingest"),
         ExampleStage("delay_windows", windows_transform, windows_finish, primary_input="enrich"),
         ExampleStage("publish", publish_transform, primary_input="delay_windows"),

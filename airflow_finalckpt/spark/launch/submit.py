@@ -263,8 +263,13 @@ class SubmitLauncher:
         submission_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         refs: dict[str, str | None] = {}
         to_pickle: dict[str, Any] = {}
-        for name, fn in (("transform", code.transform), ("on_finish", code.on_finish)):
-            ref = code_reference(fn)
+        named = (
+            ("transform", code.transform),
+            ("on_finish", code.on_finish),
+            ("split_bytes", code.split_bytes),  # a mapping has no reference: pickled
+        )
+        for name, fn in named:
+            ref = code_reference(fn) if callable(fn) else None
             if fn is None or ref is not None:
                 refs[name] = ref and f"ref:{ref}"
             else:
