@@ -11,9 +11,12 @@ batch duration, and checkpoints every ``INTERVAL_S`` seconds; nothing fails.
 
 Our side is one DAG that runs repeatedly: every run of a data set shares one throughput-hints
 root (``StorageThroughputHints``), as the runs of one DAG share theirs beside the checkpoints.
-The first run of a data set has no hints (ingest probes with one split, the other stages size
-their first batch from their input bytes at a conservative default rate); it is untimed for
-the steady state, seeds the hints and is reported on its own line (``ours-cold``).
+The first run of a data set has no hints (every stage sizes its first batch from its input
+bytes at a conservative default rate: ingest from its day files' declared sizes, the others
+from their upstream parts); it is untimed for the steady state, seeds the hints and is judged on
+its own line (``ours-cold``, issue 29's targets). ``cold_mb_per_s`` / ``warm_mb_per_s``: each
+stage's input MB/s in the cold run's first batch and the last warm batch (the evidence behind
+``DEFAULT_COLD_BYTES_PER_S``).
 The timed runs size their first batch from the hints: the steady state.
 
 Reported: the median wall time of each side, per stage, ours/plain (whole pipeline and
@@ -39,6 +42,9 @@ REPETITIONS = 4
 TARGET_RATIO = 1.10
 #: Targets at x10 (issue 12): enrich..publish and the whole pipeline <= 1.05.
 TARGET_RATIO_LARGE = 1.05
+#: Issue 29: the DAG's first run (no hints) <= 1.15 at x1, <= 1.10 at x10 (one run, not a median).
+COLD_TARGET = 1.15
+COLD_TARGET_LARGE = 1.10
 DOWNSTREAM = ("enrich", "delay_windows", "publish")
 
 
@@ -72,6 +78,18 @@ def _ours_sample(case: Any, ours: Ours, run: Any) -> None:
     for category, secs in run.protocol.items():
         case.add(f"protocol_{category}_s", secs)
     case.add("protocol_s", sum(run.protocol.values()))
+
+
+def _rates(result: Result, prefix: str, hints: Any, first: bool = False) -> None:
+    """Per stage, the input MB/s of a batch the hints hold (weights in bytes): the evidence
+    behind ``DEFAULT_COLD_BYTES_PER_S`` (``first``: the cold run's first batch; else the last
+    warm one) and its input MB."""
+    for stage in STAGES:
+        hint = hints.load(stage)
+        if hint is not None and hint.by_bytes and hint.samples:
+            last = hint.samples[0 if first else -1]
+            result.medians[f"{prefix}/{stage}"] = last.weight / max(last.seconds, 1e-9) / 1e6
+            result.medians[f"{prefix.replace('mb_per_s', 'input_mb')}/{stage}"] = last.weight / 1e6
 
 
 def _downstream(medians: dict[str, Any]) -> float:
@@ -114,7 +132,7 @@ def run(
             plain_case = result.case(f"plain/{label}", side="plain", days=days, row_scale=scale)
             ours_case = result.case(f"ours/{label}", side="ours", days=days, row_scale=scale)
             cold_case = result.case(
-                f"ours-cold/{label}", side="ours, first run (probing)", days=days, row_scale=scale
+                f"ours-cold/{label}", side="ours, first run (no hints)", days=days, row_scale=scale
             )
             log(f"{name}: {label} cold run of ours (no hints yet, seeds them)")
             where = tmp / f"ours-cold-{label}"
@@ -122,6 +140,7 @@ def run(
             _ours_sample(cold_case, ours, ours.run())
             ours.close()
             remove(where)
+            _rates(result, f"cold_mb_per_s/{label}", hints, first=True)
             for rep in range(reps):
                 order = ("plain", "ours") if rep % 2 == 0 else ("ours", "plain")
                 for side in order:
@@ -140,6 +159,7 @@ def run(
                         _ours_sample(ours_case, ours, ours.run())
                         ours.close()
                     remove(where)
+            _rates(result, f"warm_mb_per_s/{label}", hints)
             for case in (plain_case, ours_case, cold_case):
                 case.finalize()
             rows = {c.name: c.medians["output_rows"] for c in (plain_case, ours_case, cold_case)}
@@ -208,12 +228,14 @@ def _report(
             f"plain {plain.medians['seconds']:.1f} s; paired {paired}",
         )
     )
+    cold_ratio = ratio(cold_down, plain_down)
+    cold_target = COLD_TARGET_LARGE if large else COLD_TARGET
     result.targets.append(
         Target(
-            name=f"first (cold, probing) run, enrich..publish ours/plain, {label}",
-            target="(reported, not judged: the DAG's first run has no hints)",
-            measured=ratio(cold_down, plain_down),
-            passed=None,
+            name=f"first (cold) run, enrich..publish ours/plain, {label}",
+            target=f"<= {cold_target:.2f}",
+            measured=cold_ratio,
+            passed=bool(cold_ratio <= cold_target),
             note=f"cold ours {cold_down:.2f} s vs plain {plain_down:.2f} s; whole pipeline "
             f"{cold.medians['seconds']:.1f} s vs {plain.medians['seconds']:.1f} s",
         )

@@ -72,7 +72,7 @@ def _cold_run(
         ingest_split_bytes=ingest_split_bytes,
     )
     assert all(r.status is RunStatus.FINISHED for r in run.results.values())
-    assert len(run.results["enrich"].processed_splits) == len(DAYS)
+    assert len(run.results["ingest"].processed_splits) == len(DAYS)
     assert_windows_match(sink.read_pandas(), reference_pipeline(DAYS).windows)
     return batches
 
