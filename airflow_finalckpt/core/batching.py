@@ -31,13 +31,21 @@ DEFAULT_TARGET_BATCH_S = 30.0
 #: (source splits: a split id says nothing about how much it reads).
 DEFAULT_PROBE_SPLITS = 1
 #: Input bytes per second assumed for the first batch of a stage when nothing was measured yet
-#: but every pending split's size is known (upstream output parts): the batch takes about
-#: ``target_s * cold_bytes_per_s`` bytes, so a stage whose input fits runs as one batch and a big
-#: one starts near the target. Conservative: in the committed steady-state benchmark
-#: (docs/benchmarks.md, local Spark on a loaded machine) ``enrich`` read ingest's Parquet parts
-#: (~41 KB per day, ~15 MB a year at x1, ~10x that at x10) in 12.7 s at x1 (~1.2 MB/s, load
-#: 18-25) and 15.9 s at x10 (~9 MB/s); 1 MB/s under-estimates both, so the first batch lands at
-#: or under the target, and the measured fit sizes the rest.
+#: but every pending split's size is known (upstream output parts from their files, a source's
+#: splits from its ``split_bytes``): the batch takes about ``target_s * cold_bytes_per_s`` bytes,
+#: so a stage whose input fits runs as one batch and a big one starts near the target.
+#: Evidence (docs/benchmarks.md, the example on local[2], input MB/s of whole one-batch stages,
+#: so fixed costs included): quiet machine (load 1-2), ingest 4-5 MB/s on its day files (17.5 MB
+#: x1, 34 MB x10), enrich 2-3.6 MB/s on ingest's parts (6.9 / 34.5 MB), delay_windows 6-35 MB/s;
+#: overloaded (load 18-29 on 2 cores, 2026-11-27 16:23-16:45) ingest 0.25-0.5, enrich 0.15-0.18,
+#: delay_windows 1.2-8.7 MB/s. 1 MB/s keeps the first batch within the target up to a 2-4x
+#: slowdown of the dearest stage and splits nothing the example reads at x1 or x10 (the x10
+#: day files, 34 MB, are one batch: the 4 MB over 30 MB are a tail that joins). Overloaded, a
+#: big first batch may run up to ~6x the target (x10 enrich: 34 MB in 199 s); a default slow
+#: enough for that (0.15 MB/s) would cut x1 ingest, 4 s on a quiet machine, into 4 batches, each
+#: paying the per-batch fixed cost. The spread is per transform (enrich slowest, delay_windows
+#: fastest, both reading parts), not source vs parts, so one default serves both; the measured
+#: fit sizes every later batch.
 DEFAULT_COLD_BYTES_PER_S = 1_000_000.0
 #: Upper bound on splits per batch (a batch is one Spark job reading all its splits).
 DEFAULT_MAX_BATCH_SPLITS = 10_000

@@ -99,3 +99,49 @@ def test_a_submitted_driver_hands_the_run_context_to_the_transform(
         "conf": {"note": "rerun"},
         "run_id": "scheduled__2013-01-05",
     }
+
+
+def ten_bytes(split: str) -> int:
+    return 10
+
+
+def count_rows(ctx: Any) -> Any:
+    return ctx.spark.createDataFrame([(s,) for s in ctx.splits], "split string")
+
+
+@pytest.mark.parametrize("split_bytes", [{"a": 10, "b": 10, "c": 10}, ten_bytes])
+def test_a_submitted_driver_sizes_a_cold_source_from_its_split_bytes(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split_bytes: Any
+) -> None:
+    """``split_bytes`` travels with the stage code (a dict pickled, a function by reference): the
+    driver's first auto batch takes all three splits (30 bytes), not a one-split probe."""
+    from airflow_finalckpt.storage.hints import StorageThroughputHints
+
+    url = f"sqlite:///{tmp_path}/store.db"
+    engine = make_engine(url)
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(tmp_path / "ckpt"))
+    coordinator = Coordinator(engine, "sized", writer=storage)
+    coordinator.register(StageGraph.from_edges(["ingest"], []))
+    monkeypatch.setenv(STORE_URL_ENV, url)
+    monkeypatch.setenv(STORAGE_URI_ENV, storage.root_uri)
+    monkeypatch.delenv(STORAGE_OPTIONS_ENV, raising=False)
+    launcher = SubmitLauncher(
+        SparkTarget(ExecutionMode.SUBMIT, "spark://m:7077", "client"),
+        storage,
+        store_url=url,
+        store_url_masked=mask_url(url),
+        poll_interval_s=0.05,
+        hook_factory=InProcessDriver,
+    )
+    spec = StageSpec(pipeline_key="sized", stage_id="ingest", splits=("a", "b", "c"))
+    code = StageCode(transform=count_rows, split_bytes=split_bytes)
+    job, pickled = launcher.build_job(StageJob(spec, hints_scope="dag-sized"), code)
+    assert job.code["split_bytes"] == (
+        "pickle" if isinstance(split_bytes, dict) else f"ref:{__name__}:ten_bytes"
+    )
+    outcome = launcher.run(job, pickled, {})
+    assert outcome.result.processed_splits == ("a", "b", "c")
+    hint = StorageThroughputHints(storage, "dag-sized").load("ingest")
+    assert hint is not None and hint.by_bytes
+    assert [(s.splits, s.weight) for s in hint.samples] == [(3, 30.0)]
