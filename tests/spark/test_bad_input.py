@@ -80,7 +80,8 @@ def test_transform_that_raises(
 
 
 def test_input_with_wrong_schema(spark: SparkSession, setup: dict[str, Any]) -> None:
-    # the first split: the first (probe) batch of the auto-sized ingest reads it
+    # the first split: the first batch of the auto-sized ingest reads it (the whole input: its
+    # day files fit one cold batch)
     bad = split_path(setup["layout"], setup["layout"].split_ids[0])
     pq.write_table(pa.table({"year": [2013], "month": ["January"]}), bad)
     coord: Coordinator = setup["coord"]

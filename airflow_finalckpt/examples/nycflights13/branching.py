@@ -45,7 +45,7 @@ from airflow_finalckpt.examples.nycflights13.dag import (
     prepare_input_task,
     run_hooks,
 )
-from airflow_finalckpt.examples.nycflights13.data import open_layout
+from airflow_finalckpt.examples.nycflights13.data import DIMS_DIR, open_layout
 from airflow_finalckpt.examples.nycflights13.transforms import load_dim
 from airflow_finalckpt.sinks import (
     DeltaTableSink,
@@ -53,6 +53,7 @@ from airflow_finalckpt.sinks import (
     ParquetTableSink,
     SqlTableSink,
 )
+from airflow_finalckpt.sizing import file_bytes
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -113,6 +114,11 @@ def weather_transform(input_dir: str) -> Transform:
         return transforms.weather_by_origin(ctx.spark, layout, ctx.splits)
 
     return transform
+
+
+def weather_file(input_dir: str, _origin: str) -> str:
+    """The file every weather split reads whole (filtered to its origin airport)."""
+    return str(Path(input_dir) / DIMS_DIR / "weather.parquet")
 
 
 def enrich_transform(input_dir: str) -> Transform:
@@ -186,7 +192,10 @@ def build_branching_dag(
             return stages.ingest_transform(input_dir)(ctx)
 
         @finalckpt_stage(
-            splits=list(ORIGINS), batch_size=sizes.get("weather", "auto"), spark_conf=conf
+            splits=list(ORIGINS),
+            split_bytes=file_bytes(partial(weather_file, input_dir)),
+            batch_size=sizes.get("weather", "auto"),
+            spark_conf=conf,
         )
         def weather(ctx: BatchContext) -> DataFrame | None:
             run_hooks(hooks, ctx)
