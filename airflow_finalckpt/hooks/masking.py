@@ -1,9 +1,10 @@
 """Every credential a stage task handles is registered with Airflow's secrets masker.
 
 Airflow masks connection passwords it hands out itself; the store URL may also come from
-``AIRFLOW__FINALCKPT__STORE_URL`` or airflow.cfg, and sink URLs and storage options come from
-the DAG file. Registering them with ``airflow.sdk.log.mask_secret`` (task process and
-supervisor) replaces them by ``***`` in the task log, whatever prints them.
+``AIRFLOW__FINALCKPT__STORE_URL`` or airflow.cfg, sink URLs and storage options from the DAG
+file, and the URL a sink builds from its Airflow connection (``conn_id``) is new text too.
+Registering them with ``airflow.sdk.log.mask_secret`` (task process and supervisor) replaces
+them by ``***`` in the task log, whatever prints them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_finalckpt.config import FinalCkptSettings, airflow_option, is_secret_name
+from airflow_finalckpt.core.errors import ConfigurationError
 
 
 def url_secrets(url: str) -> list[str]:
@@ -46,7 +48,10 @@ def option_secrets(options: Mapping[str, Any]) -> list[str]:
 def sink_secrets(sink: Any) -> list[str]:
     """The credentials a sink holds: its database URL, storage options, catalog properties."""
     found: list[str] = []
-    engine = getattr(sink, "engine", None)
+    try:
+        engine = getattr(sink, "engine", None)
+    except ConfigurationError:  # a conn_id sink not bound yet: nothing resolved to mask
+        engine = None
     if engine is not None:
         found.extend(url_secrets(engine.url.render_as_string(hide_password=False)))
     for attr in ("storage_options", "catalog_config", "_properties"):
@@ -55,6 +60,10 @@ def sink_secrets(sink: Any) -> list[str]:
             found.extend(option_secrets(value))
         elif isinstance(value, str):
             found.extend(url_secrets(value))
+    fields = getattr(sink, "bound_connection", None)  # an Airflow connection it resolved
+    if fields is not None:
+        found.extend([fields.password] if fields.password else [])
+        found.extend(option_secrets(fields.extra))
     return found
 
 

@@ -46,6 +46,7 @@ from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_d
 from airflow_finalckpt.core.split_bytes import SplitBytes, check_split_bytes
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
 from airflow_finalckpt.hooks.masking import mask_task_secrets
+from airflow_finalckpt.hooks.sink_connections import bind_sink_connections
 from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators import scheduling
 from airflow_finalckpt.operators.arguments import check_deploy_mode, check_execution, check_sinks
@@ -108,6 +109,8 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         is the batch's output (read by downstream stages, written to ``sinks``).
     :param on_finish: called once at finish() (end of input or drain): flush state, e.g. fire
         every open event-time window.
+    :param stage_id: the stage's id in the pipeline graph and the coordination store (default:
+        the task id); keep it when renaming the task, so progress and savepoints still match.
     :param splits: a source stage's split ids: a list, or a callable of the run's ``RunContext``
         (or of nothing); default: the ``primary_input``'s parts (``allow_empty=False``: none fails).
     :param split_bytes: input bytes of each of a source's splits (a dict, or a callable of one
@@ -115,7 +118,8 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         sized from bytes instead of a one-split probe (``sizing.file_bytes`` for file splits).
     :param primary_input: the upstream stage whose output parts are this stage's splits
         (default: the only upstream stage).
-    :param sinks: two-phase-commit sinks (their ``template_fields`` are rendered per run).
+    :param sinks: two-phase-commit sinks (their ``template_fields`` are rendered per run; their
+        Airflow connections, ``conn_id``, are resolved when the task runs).
     :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
         run id, or ``dag_run.conf["pipeline_key"]``).
     :param batch_size: ``"auto"`` (default): batches sized from measured throughput to last
@@ -128,12 +132,32 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
     :param target_batch_s: how long an auto batch should take (default: ``[finalckpt]
         target_batch_s``, 30 s): a crash redoes at most one batch, a stop with savepoint answers
         within one.
-    :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``.
+    :param checkpoint_interval: seconds (or a ``timedelta``) between the periodic checkpoints
+        this stage triggers while it runs (default: ``[finalckpt] checkpoint_interval_s``, 60);
+        a crash loses at most the work since the last completed checkpoint.
+    :param commit_mode: ``progressive`` (commit at every completed checkpoint) or ``final``
+        (commit everything at the final checkpoint only; required by a sink's ``replace_slice``).
+    :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
+        connection's master (``spark_default``), else ``local[*]``; ``sc://host:port`` is a
+        Spark Connect server.
+    :param spark_conf: Spark settings (``{"spark.executor.memory": "2g"}``) for the session or
+        the submitted application.
+    :param spark_conn_id: the Spark connection (the Spark provider's ``spark`` or
+        ``spark_connect`` type) giving the master, deploy mode and execution mode.
+    :param finalckpt_conn_id: the Airflow connection of the coordination store (``postgres`` or
+        ``sqlite``); the default ``finalckpt_default`` is optional, any other id must exist.
+    :param poll_interval: seconds between the triggerer's checks while the task waits, deferred,
+        for its final checkpoint.
+    :param spark_execution: ``"in-process"`` (a session in the task), ``"submit"``
+        (spark-submit a driver) or ``"connect"`` (Spark Connect); default: the connection's
+        ``finalckpt-execution`` extra, ``[finalckpt] spark_execution``, else from the master.
+    :param spark_deploy_mode: ``"client"`` or ``"cluster"`` (submit only; default: the
+        connection's ``deploy-mode`` extra, else ``client``).
     :param on_drain: a drain ``"stop"``s or ``"complete"``s this source (default: see core/drain).
     :param allow_split_list_change: resume a started stage whose split list lost splits it
         had finished (inputs removed on purpose); by default that fails the task (permanent).
-    :param spark_master: the Spark master (templated); default: the ``spark_conn_id``
-        connection's master (``spark_default``), else ``local[*]``.
+    :param allow_empty: ``False`` fails a run whose splits are empty (before anything is
+        recorded); by default empty input only logs a warning.
     """
 
     template_fields: Sequence[str] = ("pipeline_key", "spark_master", "sinks")
@@ -265,6 +289,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         """Run the stage's attempt (or park it, deferred, while it waits or is suspended)."""
         hook = self._hook()
         settings = hook.get_settings()  # registers the store's credentials with the masker
+        bind_sink_connections(self.sinks, self.log)  # conn_id sinks: now, never at parse time
         mask_task_secrets(None, self.sinks)
         storage = hook.get_storage()
         conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
@@ -457,6 +482,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
     ) -> Any:
         """Back from the triggerer: commit up to the final checkpoint, close, succeed."""
         event = self._expect_event(event, "closable", "the final checkpoint")
+        bind_sink_connections(self.sinks, self.log)  # a new task process: resolved again
         coordinator = self._hook().get_coordinator(pipeline_key)
         eod = self._closer(coordinator, epoch).try_close()
         if eod is None:

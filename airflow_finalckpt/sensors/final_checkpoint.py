@@ -36,6 +36,7 @@ class FinalCheckpointSensor(BaseSensorOperator):
     :param stage_id: the stage to wait for (templated).
     :param finalckpt_conn_id: connection of the coordination store (see FinalCkptHook).
     :param deferrable: wait in the triggerer (default) instead of a worker.
+    :param poke_interval: seconds (or a ``timedelta``) between checks.
     """
 
     template_fields: Sequence[str] = ("pipeline_key", "stage_id", "finalckpt_conn_id")

@@ -89,6 +89,15 @@ class DeltaTableSink(StagedTableSink):
     ``app_id`` names this writer in the table's ``txn`` records (default
     ``finalckpt-<sink_id>``); give each pipeline writing the table its own, e.g.
     ``f"{pipeline_key}-{sink_id}"``.
+
+    :param sink_id: the sink's id, unique in the pipeline (it names its transactions).
+    :param table_uri: the Delta table's location: a local path or an object store URI.
+    :param storage_options: the object store's options (deltalake's and fsspec's keys).
+    :param app_id: this writer's application id in the table's ``txn`` records (default
+        ``finalckpt-<sink_id>``).
+    :param replace_slice: ``{column: value}``, the slice of the table one pipeline run owns
+        (templated, e.g. ``{"event_date": "{{ ds }}"}``): the stage's commit replaces its rows
+        atomically (needs ``commit_mode="final"``); None appends.
     """
 
     def __init__(

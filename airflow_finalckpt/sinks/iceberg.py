@@ -26,6 +26,12 @@ from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.pyspark_compat import arrow_schema
 from airflow_finalckpt.sinks.base import SinkError, check_slice
 from airflow_finalckpt.sinks.commit_retry import CommitConflict, commit_retrying
+from airflow_finalckpt.sinks.connections import (
+    ConnectionFields,
+    database_url,
+    is_database,
+    storage_options_of,
+)
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
     SINK_ID_KEY,
@@ -108,6 +114,20 @@ class IcebergTableSink(StagedTableSink):
     ``catalog``: None for pyiceberg's SQL catalog on ``<warehouse>/catalog.db`` (SQLite); a
     SQLAlchemy URL for a SQL catalog on that database; or pyiceberg catalog properties
     (``{"type": "rest", "uri": ...}``, Hive, Glue...). ``warehouse`` is where new tables go.
+
+    :param sink_id: the sink's id, unique in the pipeline (it names its transactions).
+    :param table: the Iceberg table, ``namespace.name`` (created by the first batch if absent).
+    :param warehouse: where new tables' files go (and the default SQLite catalog's file).
+    :param catalog: None, a SQLAlchemy URL of a SQL catalog, or pyiceberg catalog properties.
+    :param catalog_name: the catalog's name (also in ``asset_uri``).
+    :param storage_options: fsspec options of the tables' filesystem (the staged files).
+    :param replace_slice: ``{column: value}``, the slice of the table one pipeline run owns
+        (templated, e.g. ``{"event_date": "{{ ds }}"}``): the stage's commit replaces its rows
+        atomically (needs ``commit_mode="final"``); None appends.
+    :param catalog_conn_id: an Airflow connection giving the catalog instead of ``catalog``,
+        resolved when the task runs: a ``postgres`` / ``sqlite`` connection is a SQL catalog in
+        that database; any other type's extra holds the catalog properties (host: ``uri``,
+        ``login:password``: ``credential``); the extra's ``storage_options`` add fsspec options.
     """
 
     def __init__(
@@ -120,8 +140,18 @@ class IcebergTableSink(StagedTableSink):
         catalog_name: str = "finalckpt",
         storage_options: dict[str, Any] | None = None,
         replace_slice: Mapping[str, Any] | None = None,
+        catalog_conn_id: str | None = None,
     ) -> None:
         super().__init__(sink_id, storage_options)
+        if catalog_conn_id is not None and catalog is not None:
+            raise ConfigurationError(
+                f"sink {sink_id!r}: pass either catalog= or catalog_conn_id= (an Airflow "
+                "connection, resolved when the task runs), not both"
+            )
+        #: the Airflow connection the catalog comes from (resolved when the task runs)
+        self.catalog_conn_id = catalog_conn_id
+        self.bound_connection: ConnectionFields | None = None
+        self._declared_storage_options = dict(self.storage_options)
         self.replace_slice = check_slice(sink_id, replace_slice)
         if table.count(".") < 1 or not all(table.split(".")):
             raise ConfigurationError(
@@ -131,7 +161,9 @@ class IcebergTableSink(StagedTableSink):
         self.warehouse = warehouse
         self.catalog_config = catalog if isinstance(catalog, str | None) else dict(catalog)
         self.catalog_name = catalog_name
-        self._properties = self._catalog_properties()
+        self._properties: dict[str, Any] | None = None
+        if catalog_conn_id is None:
+            self._properties = self._catalog_properties()
         self._catalog_cache: Catalog | None = None
         self._root_cache: str | None = None
 
@@ -152,9 +184,46 @@ class IcebergTableSink(StagedTableSink):
             properties.setdefault("warehouse", self.warehouse)
         return properties
 
+    @property
+    def connection_id(self) -> str | None:
+        """The Airflow connection this sink's catalog comes from (``catalog_conn_id``)."""
+        return self.catalog_conn_id
+
+    def bind_connection(self, fields: ConnectionFields) -> None:
+        """The catalog of the resolved connection: a SQL catalog in a ``postgres`` / ``sqlite``
+        connection's database; for any other type the extra's pyiceberg catalog properties
+        (the host is the ``uri``, ``login:password`` the ``credential`` unless the extra sets
+        them). The extra's ``storage_options`` (fsspec) apply under the sink's own.
+        """
+        who = f"sink {self.sink_id!r}"
+        options = storage_options_of(fields, who)
+        if is_database(fields):
+            properties: dict[str, Any] = {"type": "sql", "uri": database_url(fields, who)}
+        else:
+            properties = {k: v for k, v in fields.extra.items() if k != "storage_options"}
+            if fields.host:
+                properties.setdefault("uri", fields.host)
+            if fields.password:
+                secret = f"{fields.login}:{fields.password}" if fields.login else fields.password
+                properties.setdefault("credential", secret)
+        if self.warehouse is not None:
+            properties.setdefault("warehouse", self.warehouse)
+        self.storage_options = {**options, **self._declared_storage_options}
+        self._properties, self._catalog_cache = properties, None
+        self.bound_connection = fields
+
+    def _bound_properties(self) -> dict[str, Any]:
+        if self._properties is None:
+            raise ConfigurationError(
+                f"sink {self.sink_id!r}: Airflow connection {self.catalog_conn_id!r} is resolved "
+                "when the stage task runs; bind it first (hooks.sink_connections)"
+            )
+        return self._properties
+
     def __reduce__(self) -> tuple[Any, ...]:
         """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments; the
-        catalog properties may hold credentials, so treat the pickle as a secret.
+        catalog properties may hold credentials, so treat the pickle as a secret (a
+        ``catalog_conn_id`` sink pickles the connection's id only, bound again on the driver).
         """
         return (_rebuild, (self.sink_id, self.table_name, self._arguments()))
 
@@ -163,8 +232,9 @@ class IcebergTableSink(StagedTableSink):
             "warehouse": self.warehouse,
             "catalog": self.catalog_config,
             "catalog_name": self.catalog_name,
-            "storage_options": self.storage_options,
+            "storage_options": self._declared_storage_options,
             "replace_slice": self.replace_slice,
+            "catalog_conn_id": self.catalog_conn_id,
         }
 
     @property
@@ -174,8 +244,9 @@ class IcebergTableSink(StagedTableSink):
         return f"iceberg://{self.catalog_name}/{namespace.replace('.', '/')}/{name}"
 
     def _describe_catalog(self) -> str:
-        kind = self._properties.get("type", "catalog")
-        where = self._properties.get("uri", "")
+        properties = self._properties or {}
+        kind = properties.get("type", "catalog")
+        where = str(properties.get("uri", ""))
         if "@" in where:  # user:password@host
             where = where.split("://", 1)[0] + "://***@" + where.rsplit("@", 1)[1]
         return f"Iceberg {kind} catalog {where}".strip()
@@ -190,11 +261,12 @@ class IcebergTableSink(StagedTableSink):
         if self._catalog_cache is None:
             from pyiceberg.catalog import load_catalog
 
-            if self._properties.get("type") == "sql" and self.warehouse is not None:
+            properties = self._bound_properties()
+            if properties.get("type") == "sql" and self.warehouse is not None:
                 self._make_local_warehouse()
             for attempt in range(CREATE_ATTEMPTS):
                 try:
-                    self._catalog_cache = load_catalog(self.catalog_name, **self._properties)
+                    self._catalog_cache = load_catalog(self.catalog_name, **properties)
                     break
                 except Exception as exc:  # a new SQL catalog's tables, created concurrently
                     if attempt + 1 < CREATE_ATTEMPTS and lost_creation_race(exc):

@@ -73,6 +73,14 @@ class ParquetTableSink(TwoPhaseCommitSink):
     by copying the files (server side) then writing the manifest elsewhere (S3, GCS, memory...).
     Pass ``rename`` only if the filesystem's directory rename is atomic. ``manifest``, the old
     mode that left committed data in the hidden staging folder, is accepted as ``copy``.
+
+    :param sink_id: the sink's id, unique in the pipeline (it names its transactions).
+    :param table_uri: the table's directory: a local path or an fsspec URI (``s3://...``).
+    :param storage_options: fsspec options of that filesystem (credentials: masked in logs).
+    :param commit_mode: ``"auto"`` (default), ``"rename"`` or ``"copy"`` (see above).
+    :param replace_slice: ``{column: value}``, the slice of the table one pipeline run owns
+        (templated, e.g. ``{"event_date": "{{ ds }}"}``): the stage's commit replaces its rows
+        atomically (needs ``commit_mode="final"``); None appends.
     """
 
     def __init__(

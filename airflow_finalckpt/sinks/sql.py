@@ -31,7 +31,6 @@ from sqlalchemy import (
     Table,
     and_,
     delete,
-    event,
     func,
     insert,
     inspect,
@@ -51,6 +50,7 @@ from airflow_finalckpt.sinks.base import (
     TwoPhaseCommitSink,
     check_slice,
 )
+from airflow_finalckpt.sinks.connections import ConnectionFields, database_url
 from airflow_finalckpt.sinks.sql_bookkeeping import SinkBookkeeping
 from airflow_finalckpt.sinks.sql_staging import (
     PartitionWrite,
@@ -72,6 +72,7 @@ from airflow_finalckpt.sinks.sql_tables import (
     create_tables,
     define_staging,
     define_target,
+    guard_sqlite_directory,
     reflect_staging,
     sql_type_for_arrow,
 )
@@ -98,47 +99,47 @@ __all__ = [
 DRIVER_WRITE_MAX_BYTES = 10 * 1024 * 1024
 
 
-def _guard_sqlite_directory(sink_id: str, engine: Engine) -> None:
-    """A SQLite file's directory must exist when the sink first connects (SQLite creates the
-    file, not its directory); checked then, not when the DAG is parsed, because the DAG
-    processor may run where that directory does not exist (or before a task creates it).
-    """
-    database = engine.url.database or ""
-    if engine.dialect.name != "sqlite" or database in ("", ":memory:"):
-        return
-    directory = os.path.dirname(os.path.abspath(database))
-
-    @event.listens_for(engine, "do_connect")
-    def _check(*_args: Any) -> None:
-        if not os.path.isdir(directory):
-            raise ConfigurationError(
-                f"sink {sink_id!r}: argument url: the SQLite file's directory {directory} does "
-                "not exist; create it or point url at an existing directory"
-            )
-
-
 class SqlTableSink(TwoPhaseCommitSink):
     """Two-phase-commit sink appending (or, with ``key_columns``, upserting) into a SQL table.
 
     ``columns`` defines the table when it must be created; without it the first written frame's
     types do. With ``key_columns`` a commit replaces target rows with the same key (the created
     table gets them as primary key) and a transaction may hold each key once.
+
+    :param sink_id: the sink's id, unique in the pipeline (it names its transactions).
+    :param url: the database's SQLAlchemy URL (``postgresql+psycopg://...`` or
+        ``sqlite:////abs/path.db``); or, keeping credentials out of DAG code, ``conn_id``.
+    :param table: the target table (a plain identifier, created if missing).
+    :param columns: ``{name: SQLAlchemy type}`` defining the table when it is created;
+        default: the first written frame's Arrow types.
+    :param key_columns: columns whose values identify a row: a commit replaces the rows with
+        the same key (upsert), a created table gets them as primary key.
+    :param driver_write_max_bytes: a Spark frame estimated at most this size is staged through
+        the driver (one partition), a larger one from the executors; 0: always the executors.
+    :param conn_id: an Airflow connection (``postgres`` or ``sqlite``) giving the URL, resolved
+        when the task runs, never when the DAG is parsed; instead of ``url``.
+    :param replace_slice: ``{column: value}``, the slice of the table one pipeline run owns
+        (templated, e.g. ``{"event_date": "{{ ds }}"}``): the stage's commit replaces its rows
+        atomically (needs ``commit_mode="final"``); None appends.
     """
 
     def __init__(
         self,
         sink_id: str,
-        url: str,
-        table: str,
+        url: str | None = None,
+        table: str | None = None,
         columns: dict[str, TypeEngine[Any] | type[TypeEngine[Any]]] | None = None,
         key_columns: list[str] | tuple[str, ...] | None = None,
         driver_write_max_bytes: int = DRIVER_WRITE_MAX_BYTES,
         *,
+        conn_id: str | None = None,
         replace_slice: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(sink_id)
         self.replace_slice = check_slice(sink_id, replace_slice)
         self.driver_write_max_bytes = int(driver_write_max_bytes)
+        if table is None:
+            raise ConfigurationError(f"sink {sink_id!r}: argument table is required")
         self.table_name = check_table_name(table)
         self.columns = dict(columns) if columns else None
         for name in self.columns or {}:
@@ -150,31 +151,69 @@ class SqlTableSink(TwoPhaseCommitSink):
                 raise ConfigurationError(
                     f"key column {name!r} is not one of columns {self.columns}"
                 )
-        self.engine: Engine = make_engine(url)
-        if self.engine.dialect.name not in SUPPORTED_DIALECTS:
+        if (url is None) == (conn_id is None):
             raise ConfigurationError(
-                f"sink {sink_id!r}: argument url: SqlTableSink supports "
-                f"{', '.join(SUPPORTED_DIALECTS)}, not {self.engine.dialect.name!r}"
+                f"sink {sink_id!r}: pass either url= (a SQLAlchemy URL) or conn_id= (an Airflow "
+                "connection, resolved when the task runs), not both or neither"
             )
-        _guard_sqlite_directory(sink_id, self.engine)
-        self._books = SinkBookkeeping(sink_id, self.engine)
+        #: the Airflow connection the URL comes from (None: ``url`` given)
+        self.conn_id = conn_id
+        self.bound_connection: ConnectionFields | None = None
+        self._engine: Engine | None = None
         self._target: Table | None = None
         self._staging: Table | None = None
+        if url is not None:
+            self._open(url)
+
+    def _open(self, url: str) -> None:
+        engine = make_engine(url)
+        if engine.dialect.name not in SUPPORTED_DIALECTS:
+            raise ConfigurationError(
+                f"sink {self.sink_id!r}: argument url: SqlTableSink supports "
+                f"{', '.join(SUPPORTED_DIALECTS)}, not {engine.dialect.name!r}"
+            )
+        guard_sqlite_directory(self.sink_id, engine)
+        self._engine = engine
+        self._books = SinkBookkeeping(self.sink_id, engine)
+
+    @property
+    def connection_id(self) -> str | None:
+        """The Airflow connection this sink's URL comes from (``conn_id``)."""
+        return self.conn_id
+
+    def bind_connection(self, fields: ConnectionFields) -> None:
+        """Open the database the resolved connection names (the task or driver side)."""
+        self._open(database_url(fields, f"sink {self.sink_id!r}"))
+        self.bound_connection = fields
+
+    @property
+    def engine(self) -> Engine:
+        """The database engine; a ``conn_id`` sink has one once its connection is bound."""
+        if self._engine is None:
+            raise ConfigurationError(
+                f"sink {self.sink_id!r}: Airflow connection {self.conn_id!r} is resolved when "
+                "the stage task runs; bind it first (hooks.sink_connections)"
+            )
+        return self._engine
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments, with a
-        fresh engine; the URL keeps its password, so treat the pickle as a secret.
+        fresh engine; a ``url`` keeps its password (treat the pickle as a secret), a
+        ``conn_id`` sink pickles the connection's id only and is bound again on the driver.
         """
-        url = self.engine.url.render_as_string(hide_password=False)
+        url = None if self.conn_id else self.engine.url.render_as_string(hide_password=False)
         keys = list(self.key_columns) or None
         args = (self.sink_id, url, self.table_name, self.columns, keys, self.driver_write_max_bytes)
-        return (_rebuild, (type(self), args, self.replace_slice))
+        return (_rebuild, (type(self), args, self.replace_slice, self.conn_id))
 
     @property
     def asset_uri(self) -> str:
         """``postgres://host:port/database/public/<table>`` (the Postgres provider's scheme);
-        ``sqlite:///<database file>/<table>`` for SQLite.
+        ``sqlite:///<database file>/<table>`` for SQLite; ``sql://<conn_id>/<table>`` for a
+        ``conn_id`` sink before its connection is resolved (when the DAG is parsed).
         """
+        if self._engine is None:  # named by its connection until the task resolves it
+            return f"sql://{self.conn_id}/{self.table_name}"
         url = self.engine.url
         if self.engine.dialect.name == "postgresql":
             where = f"{url.host or 'localhost'}:{url.port or 5432}"
@@ -535,11 +574,17 @@ class SqlTableSink(TwoPhaseCommitSink):
         return spark.createDataFrame(frame)
 
     def __repr__(self) -> str:
-        url = self.engine.url.render_as_string(hide_password=True)
-        return f"SqlTableSink(sink_id={self.sink_id!r}, url={url!r}, table={self.table_name!r})"
+        if self._engine is None:
+            where = f"conn_id={self.conn_id!r}"
+        else:
+            where = f"url={self._engine.url.render_as_string(hide_password=True)!r}"
+        return f"SqlTableSink(sink_id={self.sink_id!r}, {where}, table={self.table_name!r})"
 
 
 def _rebuild(
-    cls: type[SqlTableSink], args: tuple[Any, ...], replace_slice: dict[str, Any] | None
+    cls: type[SqlTableSink],
+    args: tuple[Any, ...],
+    replace_slice: dict[str, Any] | None,
+    conn_id: str | None = None,
 ) -> SqlTableSink:
-    return cls(*args, replace_slice=replace_slice)
+    return cls(*args, replace_slice=replace_slice, conn_id=conn_id)

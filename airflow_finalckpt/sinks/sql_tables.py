@@ -8,6 +8,7 @@ the checks that keep every name safe to use unquoted, and the one dialect-specif
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    event,
     inspect,
 )
 from sqlalchemy.exc import DatabaseError
@@ -221,3 +223,22 @@ def insert_or_nothing(
         return pg.on_conflict_do_nothing(index_elements=index_elements)
     lite = sqlite.insert(table).values(values)
     return lite.on_conflict_do_nothing(index_elements=index_elements)
+
+
+def guard_sqlite_directory(sink_id: str, engine: Engine) -> None:
+    """A SQLite file's directory must exist when the sink first connects (SQLite creates the
+    file, not its directory); checked then, not when the DAG is parsed, because the DAG
+    processor may run where that directory does not exist (or before a task creates it).
+    """
+    database = engine.url.database or ""
+    if engine.dialect.name != "sqlite" or database in ("", ":memory:"):
+        return
+    directory = os.path.dirname(os.path.abspath(database))
+
+    @event.listens_for(engine, "do_connect")
+    def _check(*_args: Any) -> None:
+        if not os.path.isdir(directory):
+            raise ConfigurationError(
+                f"sink {sink_id!r}: argument url: the SQLite file's directory {directory} does "
+                "not exist; create it or point url at an existing directory"
+            )

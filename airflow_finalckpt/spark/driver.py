@@ -38,6 +38,7 @@ from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import StageDefinitionError
 from airflow_finalckpt.runtime.assembly import LogicFactory, StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import StageLogic, StageRunner
+from airflow_finalckpt.sinks.connections import bind_from_secrets
 from airflow_finalckpt.spark.job import (
     STORAGE_OPTIONS_ENV,
     STORAGE_URI_ENV,
@@ -170,6 +171,14 @@ def _load_code(job: DriverJob, files: Files, key: bytes) -> StageCode:
     return StageCode(load("transform"), load("on_finish"), sinks, load("split_bytes"))
 
 
+def _bind_connections(code: StageCode, secrets: dict[str, Any]) -> StageCode:
+    """The ``conn_id`` sinks get their connection from the secrets file (else the driver's
+    ``AIRFLOW_CONN_<ID>``): ``code.pkl`` holds connection ids only.
+    """
+    bind_from_secrets(code.sinks, secrets.get("sink_connections"))
+    return code
+
+
 def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
     """The coordination store from the secrets file (else the environment): the Airflow
     task's, or a clear error.
@@ -218,7 +227,7 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
     try:
         store_url = _store_url(job, secrets)
         signing_key = secrets.get("code_signing_key") or os.environ.get(CODE_KEY_ENV)
-        code = _load_code(job, files, code_key(signing_key, store_url))
+        code = _bind_connections(_load_code(job, files, code_key(signing_key, store_url)), secrets)
 
         def session() -> SparkSession:
             from pyspark.sql import SparkSession

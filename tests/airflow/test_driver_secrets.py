@@ -167,3 +167,40 @@ def test_a_tampered_or_unsigned_code_file_is_refused_before_unpickling(tmp_path:
     files.write(job.submission_id, "code.pkl", code)
     with pytest.raises(UntrustedCodeError):  # sealed with another deployment's key
         driver._load_code(job, files, code_key("another-key", STORE))
+
+
+def test_a_conn_id_sink_reaches_the_driver_through_the_secrets_file_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: a sink whose URL comes from an Airflow connection pickles the connection's id
+    only; its resolved connection travels in the secrets file and binds the driver's sink."""
+    import pickle
+
+    from airflow_finalckpt.hooks.sink_connections import bind_sink_connections
+    from airflow_finalckpt.spark.secrets import open_code
+
+    conn = {"conn_type": "postgres", "host": "warehouse.example", "login": "writer"}
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE_DB", json.dumps({**conn, "password": PASSWORD}))
+    sink = SqlTableSink("out", table="rows", conn_id="warehouse_db")
+    assert bind_sink_connections([sink]) == 1
+    made = launcher(tmp_path, "spark://m:7077", "client", code_signing_key="k-123456")
+    spec = StageSpec(pipeline_key="p", stage_id="s", splits=("a",), batch_size=1)
+    job, code = made.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
+    assert code is not None
+    opened = open_code(code, code_key("k-123456", STORE), "code.pkl")
+    assert PASSWORD.encode() not in opened and b"warehouse.example" not in opened
+    files = driver_job.Files(made.storage, job.pipeline_key, job.stage_id)
+    hook = made.make_hook(job, files.write(job.submission_id, "spec.json", job.to_json()))
+    hook.submit("driver.py")
+    assert hook.secrets_seen is not None
+    handed = hook.secrets_seen["sink_connections"]["warehouse_db"]
+    assert handed["password"] == PASSWORD
+    (shipped,) = pickle.loads(opened)["sinks"]
+    driver._bind_connections(StageCode(transform=transform, sinks=(shipped,)), hook.secrets_seen)
+    assert shipped.engine.url == sink.engine.url
+    made.cleanup_secrets()
+
+    k8s = launcher(tmp_path, "k8s://https://kube:6443", "cluster")
+    k8s.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
+    with pytest.raises(ConfigurationError, match=r"secretKeyRef\.AIRFLOW_CONN_WAREHOUSE_DB="):
+        k8s.make_hook(job, "spec.json")

@@ -33,6 +33,7 @@ from typing import Any, cast
 from airflow_finalckpt.config import mask_storage_options
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob
+from airflow_finalckpt.sinks.connections import connection_env_name, connection_secrets
 from airflow_finalckpt.spark.job import (
     HEARTBEAT_STALE_S,
     STORAGE_OPTIONS_ENV,
@@ -254,6 +255,8 @@ class SubmitLauncher:
         self.killed = False
         #: the last run's resumable job (its ``previous`` decision and its state store kind)
         self.resumable: Any = None
+        #: the sinks' resolved Airflow connections (secrets file only, never ``code.pkl``)
+        self.sink_connections: dict[str, dict[str, Any]] = {}
         self.state_store_kind: str | None = None
 
     # -- building the job ------------------------------------------------------------------
@@ -277,7 +280,8 @@ class SubmitLauncher:
                 to_pickle[name] = fn
         if code.sinks:
             refs["sinks"] = "pickle"
-            to_pickle["sinks"] = list(code.sinks)
+            to_pickle["sinks"] = list(code.sinks)  # a conn_id sink pickles its id only
+        self.sink_connections = connection_secrets(code.sinks)
         blob = None
         if to_pickle:
             key = code_key(self.code_signing_key, self.store_url)
@@ -353,11 +357,14 @@ class SubmitLauncher:
         return env
 
     def _secrets(self) -> dict[str, Any]:
-        return {
+        secrets: dict[str, Any] = {
             "store_url": self.store_url,
             "code_signing_key": self.code_signing_key,
             "storage_options": self.storage_options if self._has_secret_options() else None,
         }
+        if self.sink_connections:  # the conn_id sinks' resolved connections
+            secrets["sink_connections"] = self.sink_connections
+        return secrets
 
     def _on_kubernetes_cluster(self) -> bool:
         return self.target.is_cluster_deploy and self.target.master.startswith("k8s://")
@@ -371,6 +378,7 @@ class SubmitLauncher:
             needed = [STORE_URL_ENV] + ([CODE_KEY_ENV] if self.code_signing_key else [])
             if self._has_secret_options():
                 needed.append(STORAGE_OPTIONS_ENV)
+            needed.extend(connection_env_name(c) for c in self.sink_connections)
             missing = missing_secret_refs(needed, {**spark_defaults(), **self.spark_conf})
             if missing:
                 confs = ", ".join(f"{K8S_SECRET_REF}{n}=<secret>:<key>" for n in missing)

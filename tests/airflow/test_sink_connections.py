@@ -1,0 +1,168 @@
+"""A DAG with no credential in its code publishes to SQL and Iceberg through Airflow connections
+(issue 28): a real ``dag.test()`` whose sinks name connections defined in ``AIRFLOW_CONN_*``
+(JSON form) that the task resolves when it runs. The rows land in PostgreSQL and in an Iceberg
+table whose SQL catalog is in PostgreSQL; the password planted in the connection (PostgreSQL
+trusts the test's connections, so any password works) is nowhere in the task log or the XComs.
+A connection that does not exist fails the task with one line naming it and the sink."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from airflow_finalckpt.hooks import finalckpt as hook_module
+
+PLANTED = "Conn-Planted-Pw-5c1e"
+
+DAG_SOURCE = """
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+from airflow_finalckpt.sinks import IcebergTableSink, SqlTableSink
+
+
+def rows(ctx):
+    return ctx.spark.createDataFrame([(s, 1) for s in ctx.splits], "split string, n long")
+
+
+with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+    FinalCheckpointStageOperator(
+        task_id="load",
+        transform=rows,
+        splits=["a", "b", "c"],
+        sinks=[
+            SqlTableSink("conn_sql", table=TABLE, conn_id=SQL_CONN),
+            IcebergTableSink(
+                "conn_ice", ICEBERG_TABLE, warehouse=WAREHOUSE, catalog_conn_id=CATALOG_CONN
+            ),
+        ],
+    )
+"""
+
+
+def _pg_connection(pg_url: str) -> str:
+    url = make_url(pg_url)
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": url.host,
+            "port": url.port or 5432,
+            "login": url.username,
+            "password": PLANTED,
+            "schema": url.database,
+        }
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
+    hook_module.dispose_engines()
+    yield tmp_path
+    hook_module.dispose_engines()
+
+
+def test_a_dag_without_credentials_publishes_through_connections(
+    airflow_home: Any,
+    pg_url: str,
+    store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    write_dag: Callable[..., Any],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    suffix = uuid.uuid4().hex[:8]
+    monkeypatch.setenv("AIRFLOW_CONN_ANALYTICS_DB", _pg_connection(pg_url))
+    monkeypatch.setenv("AIRFLOW_CONN_ICEBERG_CATALOG", _pg_connection(pg_url))
+    dag_id = f"conn_sinks_{suffix}"
+    params = {
+        "DAG_ID": dag_id,
+        "TABLE": f"conn_rows_{suffix}",
+        "SQL_CONN": "analytics_db",
+        "ICEBERG_TABLE": f"conn_{suffix}.rows",
+        "WAREHOUSE": str(store / "warehouse"),
+        "CATALOG_CONN": "iceberg_catalog",
+    }
+    dag = write_dag(DAG_SOURCE, **params)
+    # the DAG file holds connection ids only, and so does the parsed DAG's sink
+    source = Path(dag.fileloc).read_text()
+    assert PLANTED not in source and "postgresql" not in source
+    sql_sink = dag.get_task("load").sinks[0]
+    assert sql_sink.asset_uri == f"sql://analytics_db/conn_rows_{suffix}"
+
+    dag_run = dag.test()
+    assert str(dag_run.state).endswith("success")
+
+    captured = capfd.readouterr()
+    task_log = captured.out + "\n" + captured.err + "\n" + caplog.text
+    assert "sink conn_sql: connection analytics_db resolved" in task_log
+    # the URL built from the connection is registered with Airflow's secrets masker as a whole
+    # (Airflow itself masks only the connection's password): whatever prints it shows ***
+    from airflow.sdk._shared.secrets_masker import redact
+
+    resolved = make_url(pg_url).set(drivername="postgresql+psycopg", password=PLANTED)
+    masked = str(redact(resolved.render_as_string(hide_password=False)))
+    assert PLANTED not in masked and str(resolved.host) not in masked, masked
+    assert PLANTED not in task_log
+    assert PLANTED not in "".join(
+        p.read_text(errors="replace") for p in airflow_home.logs_folder.rglob("*") if p.is_file()
+    )
+    with create_session() as session:
+        xcoms = session.scalars(select(XComModel).where(XComModel.dag_id == dag_id)).all()
+        assert {x.key for x in xcoms} >= {"end_of_data", "stage_run"}
+        assert PLANTED not in json.dumps([XComModel.deserialize_value(x) for x in xcoms])
+
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        got = conn.execute(text(f"SELECT split, n FROM conn_rows_{suffix} ORDER BY split")).all()
+    engine.dispose()
+    assert [tuple(r) for r in got] == [("a", 1), ("b", 1), ("c", 1)]
+
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog(
+        "finalckpt",
+        type="sql",
+        uri=make_url(pg_url).set(drivername="postgresql+psycopg").render_as_string(False),
+    )
+    table = catalog.load_table(f"conn_{suffix}.rows").scan().to_arrow().to_pylist()
+    assert sorted((r["split"], r["n"]) for r in table) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_a_missing_connection_fails_the_task_naming_it_and_the_sink(
+    airflow_home: Any,
+    store: Path,
+    write_dag: Callable[..., Any],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    dag = write_dag(
+        DAG_SOURCE,
+        DAG_ID=f"conn_missing_{suffix}",
+        TABLE=f"conn_rows_{suffix}",
+        SQL_CONN="no_such_db",
+        ICEBERG_TABLE=f"conn_{suffix}.rows",
+        WAREHOUSE=str(store / "warehouse"),
+        CATALOG_CONN="no_such_catalog",
+    )  # parsing needs no connection
+    dag_run = dag.test()
+    assert str(dag_run.state).endswith("failed")
+    captured = capfd.readouterr()
+    task_log = captured.out + "\n" + captured.err + "\n" + caplog.text
+    assert "sink 'conn_sql': Airflow connection 'no_such_db' is not defined; create it" in task_log
+    assert not (store / "warehouse").exists()  # nothing was written
