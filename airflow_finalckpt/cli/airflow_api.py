@@ -7,8 +7,11 @@
   (SimpleAuthManager and FAB both answer it); nothing configured: no credentials, and the
   api-server's 401 says what to set;
 * what: the DAG's pipeline graph from the plugin's ``GET /finalckpt/api/dags/{dag_id}/stages``
-  (Airflow's own task list has no stage ids) and new DAG runs through Airflow's public
-  ``POST /api/v2/dags/{dag_id}/dagRuns``.
+  (Airflow's own task list has no stage ids), new DAG runs through Airflow's public
+  ``POST /api/v2/dags/{dag_id}/dagRuns``, and the plugin's stop, resume, reset and run detail
+  routes (``/finalckpt/api/dags/{dag_id}/runs/{run_id}/...``): the default way of
+  ``finalckpt stop | resume | reset | status``, so Airflow's roles decide and the changes land
+  in Airflow's audit log.
 
 Every failure is an :class:`AirflowApiError` (a ``FinalCheckpointError``) with one line saying
 what to do: unreachable, 401, 403, 404 (``UnknownDagError``) or any other refusal.
@@ -154,8 +157,20 @@ class AirflowApi:
                 "installed there (its plugin serves /finalckpt)?"
             ) from None
 
-    def _request(self, method: str, dag_id: str, path: str, what: str, **kwargs: Any) -> Any:
-        """The JSON answer of a request about ``dag_id``, or the error a user can act on."""
+    def _request(
+        self,
+        method: str,
+        dag_id: str,
+        path: str,
+        what: str,
+        *,
+        run_route: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """The JSON answer of a request about ``dag_id``, or the error a user can act on
+        (``run_route``: a 404 or 409 of the plugin's run routes is the control service's own
+        message: unknown run or stage, already stopping, not suspended...).
+        """
         response = self._send(method, path, headers=self._headers(), **kwargs)
         if response.is_success:
             return self._json(response, path)
@@ -167,6 +182,8 @@ class AirflowApi:
             )
         if response.status_code == 403:
             raise AirflowApiError(f"Airflow refused to {what}: {detail}")
+        if run_route and response.status_code in (404, 409):
+            raise FinalCheckpointError(detail)
         if response.status_code == 404:
             raise UnknownDagError(
                 f"DAG {dag_id!r} is not known to Airflow at {self.settings.url} (not parsed yet, "
@@ -223,3 +240,30 @@ class AirflowApi:
         except UnknownDagError:
             return False
         return True
+
+    # ------------------------------------------------------------------ the plugin's run routes
+
+    @staticmethod
+    def run_path(dag_id: str, run_id: str) -> str:
+        """The plugin's REST path of a DAG run's pipeline."""
+        return f"/finalckpt/api/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+    def run_detail(self, dag_id: str, run_id: str) -> Any:
+        """``GET .../runs/{run_id}``: the pipeline run's detail (JSON of ``PipelineDetail``)."""
+        path = self.run_path(dag_id, run_id)
+        return self._request(
+            "GET", dag_id, path, f"read DAG run {run_id!r} of {dag_id!r}", run_route=True
+        )
+
+    def change_run(
+        self, dag_id: str, run_id: str, action: str, body: Mapping[str, Any] | None = None
+    ) -> Any:
+        """``POST .../runs/{run_id}/{action}`` (stop, resume, reset): the plugin's answer."""
+        return self._request(
+            "POST",
+            dag_id,
+            f"{self.run_path(dag_id, run_id)}/{action}",
+            f"{action} DAG run {run_id!r} of {dag_id!r}",
+            run_route=True,
+            json=dict(body or {}),
+        )

@@ -1,17 +1,17 @@
-"""``finalckpt stop | resume | restore | status``: the operator's controls from a terminal.
+"""``finalckpt stop | resume | reset | status | restore``: the operator's controls from a
+terminal.
 
-They act on the coordination store directly (like ``airflow`` CLI commands on the metadata
-database), through the same ``PipelineControl`` as the REST API and the UI page. ``restore``
-also talks to Airflow's api-server over its REST API (``cli/airflow_api.py``): the DAG's graph
-to check against, and the new DAG run.
+``stop``, ``resume``, ``reset`` and ``status`` go through Airflow's api-server by default (the
+plugin's REST routes: Airflow's roles decide, changes land in Airflow's audit log); the admin
+flag ``--direct-store`` acts on the coordination store itself instead (``cli/actions.py``).
+``restore`` checks the savepoint against the store and storage here and asks Airflow's REST API
+for the DAG's graph and the new DAG run (``cli/airflow_api.py``).
 """
 
 from __future__ import annotations
 
-import getpass
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -19,16 +19,14 @@ import click
 if TYPE_CHECKING:
     from airflow_finalckpt.cli.airflow_api import AirflowApi
 
-from airflow_finalckpt.cli._shared import (
-    EXIT_ERROR,
-    _engine,
-    _fail,
-    _resolve_store_url,
-    _user_errors,
-    store_url_option,
+from airflow_finalckpt.cli._shared import EXIT_ERROR, _fail, store_url_option
+from airflow_finalckpt.cli.actions import (
+    cli_user,
+    control_of,
+    direct_store_option,
+    run_actions,
 )
-from airflow_finalckpt.control import PipelineControl, StopSummary
-from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.control import StopSummary
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StopMode, StopState
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
@@ -40,38 +38,6 @@ json_option = click.option(
 
 def _echo_json(doc: object) -> None:
     click.echo(json.dumps(doc, indent=2))
-
-
-@contextmanager
-def _control(store_url: str | None) -> Iterator[PipelineControl]:
-    """A PipelineControl on the resolved store; every user error ends in one line, exit 2."""
-    from airflow_finalckpt.config import load_settings
-    from airflow_finalckpt.storage import CheckpointStorage
-    from airflow_finalckpt.store.migrate import require_schema
-
-    with _user_errors(None, EXIT_ERROR):
-        url, _ = _resolve_store_url(store_url)
-    with _user_errors(url, EXIT_ERROR):
-        settings = load_settings({"store_url": url})
-        engine = _engine(url)
-        try:
-            require_schema(engine)
-            control = PipelineControl(
-                engine, CheckpointStorage(settings.storage_uri, settings.storage_options)
-            )
-            try:
-                yield control
-            except FinalCheckpointError as exc:
-                _fail(str(exc), EXIT_ERROR)
-        finally:
-            engine.dispose()
-
-
-def _user() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # no user name in some containers
-        return "cli"
 
 
 def _describe_stop(stop: StopSummary) -> str:
@@ -99,6 +65,7 @@ def _describe_stop(stop: StopSummary) -> str:
 @click.option("--wait/--no-wait", default=False, help="Wait until the savepoint completed.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
 @json_option
+@direct_store_option
 @store_url_option
 def stop(
     dag_id: str,
@@ -107,21 +74,28 @@ def stop(
     wait: bool,
     timeout_s: float,
     as_json: bool,
+    direct_store: bool,
     store_url: str | None,
 ) -> None:
     """Stop a running pipeline DAG run with drain or with a savepoint.
 
+    Goes through Airflow's api-server ([finalckpt] api_url, else [api] base_url; credentials
+    [finalckpt] api_token, or api_username and api_password): the user needs permission to
+    edit the DAG's runs, and the stop is in Airflow's audit log. --direct-store (admin) writes
+    the coordination store instead.
+
     Exit 2 with a one-line reason for an unknown run, a finished run, a run already stopping,
-    suspended or drained, or (with --wait) a savepoint that failed or did not complete in time.
+    suspended or drained, a refusal by Airflow, or (with --wait) a savepoint that failed or did
+    not complete in time.
     """
     if mode is None:
         _fail("choose how to stop: --drain or --savepoint", EXIT_ERROR)
-    with _control(store_url) as control:
-        summary = control.stop(dag_id, run_id, StopMode(mode), requested_by=_user())
+    with run_actions(direct_store, store_url) as act:
+        summary = act.stop(dag_id, run_id, StopMode(mode))
         if not as_json:
             click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
         if wait and summary.state is StopState.REQUESTED:
-            summary = control.wait_for_stop(dag_id, run_id, timeout_s=timeout_s)
+            summary = act.wait_for_stop(dag_id, run_id, timeout_s)
             if not as_json:
                 click.echo(f"{dag_id} {run_id}: {_describe_stop(summary)}")
         if as_json:
@@ -134,14 +108,18 @@ def stop(
 @click.argument("dag_id")
 @click.argument("run_id")
 @json_option
+@direct_store_option
 @store_url_option
-def resume(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> None:
+def resume(
+    dag_id: str, run_id: str, as_json: bool, direct_store: bool, store_url: str | None
+) -> None:
     """Resume a DAG run suspended by a stop with savepoint (it continues in the same DAG run).
 
-    A drained run cannot be resumed (its event-time windows already fired).
+    A drained run cannot be resumed (its event-time windows already fired). Through Airflow's
+    api-server like stop (--direct-store: on the coordination store, admin only).
     """
-    with _control(store_url) as control:
-        summary = control.resume(dag_id, run_id, requested_by=_user())
+    with run_actions(direct_store, store_url) as act:
+        summary = act.resume(dag_id, run_id)
     if as_json:
         _echo_json(summary.model_dump(mode="json"))
     else:
@@ -200,7 +178,7 @@ def restore(
     """
     from airflow_finalckpt.cli.airflow_api import AirflowApi, api_settings
 
-    with AirflowApi(api_settings()) as api, _control(store_url) as control:
+    with AirflowApi(api_settings()) as api, control_of(store_url) as control:
         load_graph = _no_graph if no_graph_check else _graph_from(api)
         check = control.plan_restore(
             dag_id, savepoint_path, load_graph, allow_drop_stages=allow_drop_stages
@@ -212,7 +190,7 @@ def restore(
         conf: dict[str, object] = {"restore_from": savepoint_path}
         if allow_drop_stages:
             conf[ALLOW_DROP_STAGES_KEY] = list(allow_drop_stages)
-        note = f"airflow-finalckpt: restore from {savepoint_path} (by {_user()})"
+        note = f"airflow-finalckpt: restore from {savepoint_path} (by {cli_user()})"
         new_run_id = None if dry_run else api.trigger_run(dag_id, conf, run_id=run_id, note=note)
     if as_json:  # one document: the check and the new run (null for a dry run), as over REST
         _echo_json({**check.model_dump(mode="json"), "run_id": new_run_id})
@@ -248,11 +226,16 @@ def _graph_from(api: AirflowApi) -> Callable[[str], StageGraph]:
 @click.argument("dag_id")
 @click.argument("run_id")
 @json_option
+@direct_store_option
 @store_url_option
-def status(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> None:
-    """Show a pipeline DAG run: its state, stop request and stages."""
-    with _control(store_url) as control:
-        detail = control.describe(dag_id, run_id, checkpoints=10)
+def status(
+    dag_id: str, run_id: str, as_json: bool, direct_store: bool, store_url: str | None
+) -> None:
+    """Show a pipeline DAG run: its state, stop request and stages (through Airflow's
+    api-server: needs permission to read the DAG's runs; --direct-store: from the store).
+    """
+    with run_actions(direct_store, store_url) as act:
+        detail = act.describe(dag_id, run_id)
     if as_json:
         _echo_json(detail.model_dump(mode="json"))
         return
@@ -275,18 +258,25 @@ def status(dag_id: str, run_id: str, as_json: bool, store_url: str | None) -> No
 @click.argument("run_id")
 @click.option("--stage", "stage_id", required=True, help="The stage to recompute.")
 @json_option
+@direct_store_option
 @store_url_option
-def reset(dag_id: str, run_id: str, stage_id: str, as_json: bool, store_url: str | None) -> None:
+def reset(
+    dag_id: str,
+    run_id: str,
+    stage_id: str,
+    as_json: bool,
+    direct_store: bool,
+    store_url: str | None,
+) -> None:
     """Reset a stage and the stages downstream of it, so that they recompute.
 
     Their progress is forgotten (committed output stays); clear their tasks in Airflow next:
-    they run from scratch, sinks with a declared slice replace it, the others append. Exit 2
-    for an unknown run or stage, or while a stop with savepoint is in progress.
+    they run from scratch, sinks with a declared slice replace it, the others append. Through
+    Airflow's api-server like stop (--direct-store: on the coordination store, admin only).
+    Exit 2 for an unknown run or stage, or while a stop with savepoint is in progress.
     """
-    from airflow_finalckpt.control import reset_stage
-
-    with _control(store_url) as control:
-        summary = reset_stage(control, dag_id, run_id, stage_id, requested_by=_user())
+    with run_actions(direct_store, store_url) as act:
+        summary = act.reset(dag_id, run_id, stage_id)
     if as_json:
         _echo_json(summary.model_dump(mode="json"))
         return

@@ -7,6 +7,7 @@ every GET leave the store row-identical and the checkpoint storage file-identica
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -538,7 +539,7 @@ def _serialize_flights_dag() -> None:
 def test_pipeline_page_shows_state_graph_history_and_buttons(
     client: TestClient, token: Callable[..., str]
 ) -> None:
-    html = client.get(f"/finalckpt/ui/dags/{DAG}/runs/{RUN}", headers=bearer(token("VIEWER"))).text
+    html = client.get(f"/finalckpt/ui/dags/{DAG}/runs/{RUN}", headers=bearer(token("USER"))).text
 
     assert 'data-run-state="running"' in html
     assert '<svg class="stage-graph"' in html
@@ -668,8 +669,167 @@ def test_reset_forgets_the_stage_and_its_downstream_and_names_the_tasks_to_clear
 def test_pipeline_page_has_a_recompute_button_per_stage(
     client: TestClient, token: Callable[..., str]
 ) -> None:
-    page = client.get(f"/finalckpt/ui/dags/{DAG}/runs/{RUN}", headers=bearer(token("VIEWER")))
+    page = client.get(f"/finalckpt/ui/dags/{DAG}/runs/{RUN}", headers=bearer(token("USER")))
 
     assert page.status_code == 200
     for stage in ("ingest", "enrich", "publish"):
         assert f'data-action="reset" data-stage="{stage}"' in page.text
+
+
+def test_a_viewer_s_page_shows_no_action_the_viewer_may_not_take(
+    client: TestClient, store: Store, token: Callable[..., str]
+) -> None:
+    """Stop, resume and recompute need permission to edit the DAG's runs: a viewer's page and
+    its live fragment draw none of their buttons (the routes answer 403 anyway:
+    test_viewer_reads_but_gets_403_on_every_change_and_nothing_changes)."""
+    page = f"/finalckpt/ui/dags/{DAG}/runs/{RUN}"
+    for url in (page, page + "/live"):
+        viewer = client.get(url, headers=bearer(token("VIEWER")))
+        user = client.get(url, headers=bearer(token("USER")))
+        assert viewer.status_code == user.status_code == 200
+        assert "data-action=" not in viewer.text, url
+        assert "Read only: stopping, resuming and recomputing need permission" in viewer.text
+        assert 'data-stage-id="ingest"' in viewer.text  # the rest is drawn
+        for action in ('data-action="stop"', 'data-action="resume"', 'data-action="reset"'):
+            assert action in user.text, (url, action)
+        assert "Read only" not in user.text
+
+
+# ---------------------------------------------------------------------------------- audit log
+
+
+def audit_rows(after: int = 0) -> list[dict[str, Any]]:
+    """The plugin's rows of Airflow's audit log (the ``log`` table), oldest first."""
+    from airflow.models import Log
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(Log).where(Log.event.like("finalckpt.%"), Log.id > after).order_by(Log.id)
+        ).all()
+        return [
+            {
+                "event": r.event,
+                "owner": r.owner,
+                "dag_id": r.dag_id,
+                "run_id": r.run_id,
+                "extra": json.loads(r.extra or "{}"),
+            }
+            for r in rows
+        ]
+
+
+@pytest.fixture
+def audit_start() -> int:
+    """The last audit log row before the test (the metadata database is shared)."""
+    from airflow.models import Log
+    from airflow.utils.session import create_session
+    from sqlalchemy import func
+
+    with create_session() as session:
+        return int(session.scalar(select(func.max(Log.id))) or 0)
+
+
+def test_stop_resume_and_reset_are_in_airflow_s_audit_log_with_user_run_and_result(
+    client: TestClient, store: Store, token: Callable[..., str], audit_start: int
+) -> None:
+    headers = bearer(token("USER", name="dora"))
+    stop = client.post(api("/stop"), json={"mode": "savepoint"}, headers=headers)
+    assert stop.status_code == 202, stop.text
+    assert client.post(api("/stop"), json={"mode": "drain"}, headers=headers).status_code == 409
+    store.main.record_batch("ingest", store.main_epoch, finished_splits=["d3"])
+    store.main.suspend("ingest", store.main_epoch)
+    cookie = {"Cookie": f"_token={token('USER', name='dora')}", **CSRF}
+    assert client.post(api("/resume"), headers=cookie).status_code == 200
+    reset = client.post(api("/reset"), json={"stage_id": "publish"}, headers=headers)
+    assert reset.status_code == 200, reset.text
+    # refused by authorization or validation before the route runs: not recorded, as in
+    # Airflow's own routes
+    viewer = bearer(token("VIEWER"))
+    assert client.post(api("/stop"), json={"mode": "drain"}, headers=viewer).status_code == 403
+    assert client.post(api("/stop"), json={"mode": "x"}, headers=headers).status_code == 422
+
+    rows = audit_rows(audit_start)
+    assert [(r["event"], r["owner"], r["dag_id"], r["run_id"]) for r in rows] == [
+        ("finalckpt.stop", "dora", DAG, RUN),
+        ("finalckpt.stop", "dora", DAG, RUN),
+        ("finalckpt.resume", "dora", DAG, RUN),
+        ("finalckpt.reset", "dora", DAG, RUN),
+    ]
+    accepted, refused, resumed, recomputed = (r["extra"] for r in rows)
+    assert accepted == {
+        "mode": "savepoint",
+        "auth": "bearer",
+        "method": "POST",
+        "result": "accepted",
+        "stop_request_id": stop.json()["request_id"],
+        "state": "REQUESTED",
+        **({"savepoint_id": stop.json()["savepoint_id"]} if stop.json()["savepoint_id"] else {}),
+    }
+    assert refused["result"] == "refused" and refused["status_code"] == 409
+    assert refused["mode"] == "drain" and "already stopping" in refused["detail"]
+    assert resumed["result"] == "accepted" and resumed["state"] == "RESUMED"
+    assert resumed["auth"] == "cookie"
+    assert recomputed["result"] == "accepted" and recomputed["stage_id"] == "publish"
+    assert recomputed["reset_stages"] == ["publish"]
+
+
+def test_a_change_that_cannot_be_audited_is_not_made(
+    client: TestClient, store: Store, token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_finalckpt.plugins.api import audit
+
+    def metadata_db_down(*_: Any) -> int:
+        raise ConnectionError("metadata database unreachable")
+
+    monkeypatch.setattr(audit, "_insert", metadata_db_down)
+    before = store.snapshot()
+    headers = bearer(token("USER"))
+    for path, body in POST_ROUTES:
+        resp = client.post(path, json=body, headers=headers)
+        assert resp.status_code == 503, (path, resp.text)
+        assert "could not be recorded in Airflow's audit log" in resp.json()["detail"]
+    assert store.snapshot() == before
+
+
+def test_restores_are_in_the_audit_log_with_the_new_run_and_dry_runs_are_not(
+    client: TestClient,
+    store: Store,
+    token: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    audit_start: int,
+) -> None:
+    from airflow_finalckpt.plugins.api import routes
+
+    headers = bearer(token("USER", name="erin"))
+    path = client.get(api(), headers=headers).json()["checkpoints"][0]["metadata_path"]
+    restore = f"/finalckpt/api/dags/{DAG}/restore"
+    drained = client.get(f"/finalckpt/api/dags/{DAG}/runs/{DRAINED_RUN}", headers=headers).json()
+    drained_path = drained["summary"]["stop"]["savepoint_path"]
+    assert (
+        client.post(restore, json={"savepoint_path": drained_path}, headers=headers).status_code
+        == 409
+    )
+    dry = client.post(restore, json={"savepoint_path": path, "dry_run": True}, headers=headers)
+    assert dry.status_code == 200, dry.text
+    monkeypatch.setattr(routes, "trigger_restore_run", lambda *a, **k: "restore__7")
+    done = client.post(restore, json={"savepoint_path": path}, headers=headers)
+    assert done.status_code == 201, done.text
+
+    rows = audit_rows(audit_start)
+    assert [(r["event"], r["owner"], r["dag_id"], r["run_id"]) for r in rows] == [
+        ("finalckpt.restore", "erin", DAG, None),
+        ("finalckpt.restore", "erin", DAG, "restore__7"),
+    ]
+    refused, accepted = (r["extra"] for r in rows)
+    assert refused["result"] == "refused" and refused["status_code"] == 409
+    assert refused["savepoint_path"] == drained_path and "drained" in refused["detail"]
+    assert accepted == {
+        "savepoint_path": path,
+        "allow_drop_stages": [],
+        "auth": "bearer",
+        "method": "POST",
+        "result": "accepted",
+        "checkpoint_id": 1,
+        "mode": "restore",
+    }

@@ -1,8 +1,9 @@
 """A planted password in the store URL and in a sink's URL is in none of the places Airflow
 keeps or shows after a real ``dag.test()`` run of a stage (in-process Spark, PostgreSQL store
 and sink): the task log, the XComs, the trigger rows (decrypted), the task instance's
-``next_kwargs``, and every file of the checkpoint storage (issue 27; the spark-submit path:
-tests/cluster/test_operator_cluster.py and test_driver_secrets.py)."""
+``next_kwargs``, and every file of the checkpoint storage (issue 27; the standalone
+spark-submit path: tests/cluster/test_no_secret_in_clear_cluster.py; the command lines the
+launcher builds: test_driver_secrets.py)."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
     assert "which declare no slice" in log and f"finalckpt reset {DAG} {run_id}" in log
     assert _published_rows() == published
     # accepting an append: reset, then clear again
-    reset = _cli("reset", DAG, run_id, "--stage", "published")
+    reset = _cli("reset", DAG, run_id, "--stage", "published", "--direct-store")
     assert reset.returncode == 0, reset.stderr
     assert "reset stages published" in reset.stdout
     cluster.clear_task(DAG, run_id, "published")

@@ -5,14 +5,24 @@ dag-processor, triggerer, LocalExecutor, PostgreSQL, SimpleAuthManager users).
   needs an Airflow login;
 - while the example pipeline runs: anonymous -> 401, a forged token -> 401, viewer -> 403, a
   cookie session without the CSRF header -> 403, and nothing changes; then user stops it with a
-  savepoint through REST, it turns suspended (stage deferred), resumes and succeeds;
+  savepoint through REST, it turns suspended (stage deferred), resumes (``finalckpt resume``
+  through the api-server, as the viewer refused) and succeeds;
+- the viewer's pipeline page shows no stop, resume or recompute button (the user's does);
+- the stop (and the refused second stop), the resume and the restore are in Airflow's audit
+  log, read back through Airflow's own ``GET /api/v2/eventLogs`` (user, DAG, run, result);
+  the refused 401/403 attempts are not;
 - restore through REST creates a DAG run with ``{"restore_from": path}`` in its conf.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -77,6 +87,39 @@ def test_plugin_app_and_views_are_served(cluster: AirflowCluster) -> None:
     assert "/api/dags/{dag_id}/runs/{run_id}/stop" in doc["paths"]
 
 
+def finalckpt_cli(
+    cluster: AirflowCluster, user: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """The installed console script as ``user``, through the cluster's api-server only: its
+    store URL points nowhere, so a command that touched the store directly would fail."""
+    env = {
+        **os.environ,
+        "AIRFLOW__FINALCKPT__API_URL": str(cluster.http.base_url).rstrip("/"),
+        "AIRFLOW__FINALCKPT__API_USERNAME": user,
+        "AIRFLOW__FINALCKPT__API_PASSWORD": cluster.users[user][1],
+        "AIRFLOW__FINALCKPT__STORE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/nowhere",
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "finalckpt"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def audit_log(cluster: AirflowCluster, event: str, dag_id: str) -> list[dict[str, Any]]:
+    """The plugin's entries of Airflow's audit log through Airflow's event log API, oldest
+    first, with ``extra`` parsed."""
+    doc = cluster.api(
+        "GET",
+        "/api/v2/eventLogs",
+        params={"event": event, "dag_id": dag_id, "order_by": "event_log_id", "limit": 100},
+    )
+    return [{**e, "extra": json.loads(e["extra"] or "{}")} for e in doc["event_logs"]]
+
+
 def test_authorization_then_stop_with_savepoint_and_resume_through_rest(
     cluster: AirflowCluster,
 ) -> None:
@@ -110,6 +153,15 @@ def test_authorization_then_stop_with_savepoint_and_resume_through_rest(
     assert store_rows() == before
     detail = cluster.request("GET", api, user="viewer").json()
     assert detail["summary"]["state"] == "running" and detail["summary"]["stop"] is None
+    # the pipeline page (what Airflow's UI shows in its iframe) draws only allowed actions
+    page = api.replace("/finalckpt/api/", "/finalckpt/ui/", 1)
+    for url in (page, page + "/live"):
+        viewer_page = cluster.request("GET", url, user="viewer")
+        assert viewer_page.status_code == 200, viewer_page.text
+        assert "data-action=" not in viewer_page.text, url
+        assert "Read only" in viewer_page.text
+        user_page = cluster.request("GET", url, user="user").text
+        assert 'data-action="stop" data-mode="savepoint"' in user_page, url
 
     asked = time.monotonic()
     stop = cluster.request("POST", f"{api}/stop", json={"mode": "savepoint"}, user="user")
@@ -137,14 +189,35 @@ def test_authorization_then_stop_with_savepoint_and_resume_through_rest(
     savepoint = detail["summary"]["stop"]["savepoint_path"]
 
     assert cluster.request("POST", f"{api}/resume", user="viewer").status_code == 403
-    resumed = cluster.request("POST", f"{api}/resume", user="user")
-    assert resumed.status_code == 200, resumed.text
-    assert resumed.json()["state"] == "RESUMED"
+    # `finalckpt resume` goes through the api-server by default: Airflow's roles decide
+    denied = finalckpt_cli(cluster, "viewer", "resume", SAVEPOINT_DAG, run_id)
+    assert denied.returncode == 2 and "Airflow refused to resume" in denied.stderr, denied
+    resumed = finalckpt_cli(cluster, "user", "resume", SAVEPOINT_DAG, run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "RESUMED"
     state = cluster.wait_for_run(SAVEPOINT_DAG, run_id, timeout=600)
     assert state == "success", cluster.log_tails(60)
     final = cluster.request("GET", api, user="viewer").json()
     assert final["summary"]["state"] == "finished"
     assert any(c["kind"] == "savepoint" for c in final["checkpoints"])
+
+    # Airflow's audit log: the accepted stop and the refused second one, then the resume; the
+    # 401/403 attempts above never reached a route and are not in it
+    stops = [
+        e for e in audit_log(cluster, "finalckpt.stop", SAVEPOINT_DAG) if e["run_id"] == run_id
+    ]
+    assert [(e["owner"], e["extra"]["mode"], e["extra"]["result"]) for e in stops] == [
+        ("user", "savepoint", "accepted"),
+        ("user", "drain", "refused"),
+    ], stops
+    assert stops[0]["extra"]["stop_request_id"] == stop.json()["request_id"]
+    assert stops[1]["extra"]["status_code"] == 409
+    resumes = [
+        (e["owner"], e["extra"]["result"], e["extra"]["state"])
+        for e in audit_log(cluster, "finalckpt.resume", SAVEPOINT_DAG)
+        if e["run_id"] == run_id
+    ]
+    assert resumes == [("user", "accepted", "RESUMED")], resumes
 
     # restore the savepoint into a new DAG run (left queued: the DAG is paused)
     cluster.pause(SAVEPOINT_DAG)
@@ -159,6 +232,12 @@ def test_authorization_then_stop_with_savepoint_and_resume_through_rest(
     run = cluster.api("GET", f"/api/v2/dags/{SAVEPOINT_DAG}/dagRuns/{quote(new_run, safe='')}")
     assert run["conf"] == {"restore_from": savepoint}
     assert run["triggering_user_name"] == "user"
+    restores = [
+        (e["owner"], e["extra"]["result"], e["extra"]["savepoint_path"])
+        for e in audit_log(cluster, "finalckpt.restore", SAVEPOINT_DAG)
+        if e["run_id"] == new_run
+    ]
+    assert restores == [("user", "accepted", savepoint)], restores
     missing = cluster.request(
         "POST",
         "/finalckpt/api/dags/no_such_dag/restore",

@@ -75,9 +75,11 @@ def control(store_url: str, work: Path) -> Iterator[PipelineControl]:
 
 
 def finalckpt(work: Path, store_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The installed console script, as an operator would run it."""
+    """The installed console script, as an operator would run it (an admin on the store:
+    ``--direct-store``; test_stop_api.py runs it through the api-server)."""
+    direct = ["--direct-store"] if args[0] in ("stop", "resume", "reset", "status") else []
     return subprocess.run(
-        [str(Path(sys.executable).parent / "finalckpt"), *args],
+        [str(Path(sys.executable).parent / "finalckpt"), *args, *direct],
         capture_output=True,
         text=True,
         timeout=300,

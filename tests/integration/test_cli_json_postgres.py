@@ -33,8 +33,10 @@ SCRIPT = str(Path(sys.executable).with_name("finalckpt"))
 
 
 def finalckpt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script on the store (``--direct-store`` where it applies: no api-server)."""
+    direct = ["--direct-store"] if args[0] in ("stop", "resume", "reset", "status") else []
     return subprocess.run(
-        [SCRIPT, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        [SCRIPT, *args, *direct], env=env, capture_output=True, text=True, timeout=120, check=False
     )
 
 

@@ -39,6 +39,8 @@ from airflow_finalckpt.store.engine import make_engine
 DAG = "flights"
 RUN = "manual__2026-11-22"
 KEY = "flights.manual__2026-11-22"
+#: the commands that act through the api-server unless told --direct-store
+DIRECT_COMMANDS = ("stop", "resume", "reset", "status")
 
 
 @dataclass
@@ -50,7 +52,9 @@ class Env:
     control: PipelineControl
 
     def invoke(self, *args: str) -> tuple[int, str, str]:
-        result = self.runner.invoke(main, [*args, "--store-url", self.url])
+        """The command on this test's store (``--direct-store``: no api-server here)."""
+        direct = ["--direct-store"] if args[0] in DIRECT_COMMANDS else []
+        result = self.runner.invoke(main, [*args, *direct, "--store-url", self.url])
         return result.exit_code, result.stdout, result.stderr
 
     def stop_rows(self) -> list[tuple[object, ...]]:
@@ -243,7 +247,7 @@ def test_the_installed_console_script_stops_a_run(env: Env, tmp_path: Path) -> N
     env.coord.start_attempt("ingest")
     script = Path(sys.executable).parent / "finalckpt"
     proc = subprocess.run(
-        [str(script), "stop", DAG, RUN, "--savepoint", "--store-url", env.url],
+        [str(script), "stop", DAG, RUN, "--savepoint", "--direct-store", "--store-url", env.url],
         capture_output=True,
         text=True,
         env={"AIRFLOW__FINALCKPT__STORAGE_URI": str(tmp_path / "checkpoints"), "PATH": ""},

@@ -72,6 +72,6 @@ def test_every_abort_cause_is_stored_and_shown(store_url: str, tmp_path: Path) -
     detail = PipelineControl(engine, storage).describe_pipeline(KEY)
     assert {c.checkpoint_id: c.failure_kind for c in detail.checkpoints} == expected
     assert detail.checkpoints[-1].model_dump(mode="json")["failure_kind"] == "expired"
-    html = render.pipeline_live(detail, "dag", "run")
+    html = render.pipeline_live(detail, "dag", "run", can_edit=False)
     assert '<span class="failure-kind">subsumed</span>: subsumed by checkpoint' in html
     engine.dispose()

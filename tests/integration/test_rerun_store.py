@@ -35,7 +35,7 @@ class Env:
     runner: CliRunner
 
     def invoke(self, *args: str) -> tuple[int, str, str]:
-        result = self.runner.invoke(main, [*args, "--store-url", self.url])
+        result = self.runner.invoke(main, [*args, "--direct-store", "--store-url", self.url])
         return result.exit_code, result.stdout, result.stderr
 
 

@@ -129,8 +129,8 @@ def test_pages_escape_ids_and_draw_the_view() -> None:
         stages=[stage(evil, done=1)],
         checkpoints=[ck],
     )
-    page = render.pipeline_page("/finalckpt", evil, "r", detail)
-    live = render.pipeline_live(detail, evil, "r")
+    page = render.pipeline_page("/finalckpt", evil, "r", detail, can_edit=True)
+    live = render.pipeline_live(detail, evil, "r", can_edit=True)
     runs = render.runs_live([summary(PipelineRunState.RUNNING, key=evil)], "/finalckpt")
     for html in (page, live, runs):
         assert "<img" not in html and "&lt;img src=x" in html
@@ -142,10 +142,30 @@ def test_pages_escape_ids_and_draw_the_view() -> None:
     assert 'data-api="/finalckpt/api/dags/%3Cimg%20src%3Dx' in page
     assert "<h1>Pipeline runs</h1>" in runs and 'data-run-state="running"' in runs
 
-    missing = render.pipeline_page("/f", "d", "r", None, error="no pipeline <run>")
+    missing = render.pipeline_page("/f", "d", "r", None, error="no pipeline <run>", can_edit=False)
     assert '<div class="error" role="alert"><p>no pipeline &lt;run&gt;</p></div>' in missing
     assert 'data-live-url="/f/ui/dags/d/runs/r/live"' in missing
 
     error = render.error_page(401, "log in", login='/auth/login?next="x"')
     assert 'href="/auth/login?next=&#34;x&#34;" target="_top"' in error
     assert "Log in" not in render.error_page(403, "no")
+
+
+def test_a_reader_s_page_has_no_action_buttons() -> None:
+    """Stop, resume and recompute need permission to edit the DAG's runs: a user without it sees
+    none of their buttons (the REST routes would refuse them with 403), only why."""
+    detail = PipelineDetail(
+        summary=summary(PipelineRunState.RUNNING, key="k"),
+        stages=[stage("ingest", done=1), stage("enrich", done=0)],
+        checkpoints=[],
+    )
+    editor = render.pipeline_page("/f", "d", "r", detail, can_edit=True)
+    reader = render.pipeline_page("/f", "d", "r", detail, can_edit=False)
+    live = render.pipeline_live(detail, "d", "r", can_edit=False)
+
+    assert editor.count("data-action=") == 5  # drain, savepoint, resume, 2 x recompute
+    assert "Read only" not in editor
+    for html in (reader, live):
+        assert "data-action=" not in html and "<button" not in html.split("<dialog")[0]
+        assert "Read only: stopping, resuming and recomputing need permission" in html
+        assert 'data-stage-id="ingest"' in html  # the rest of the page is drawn

@@ -50,18 +50,33 @@ def _render(name: str, **context: Any) -> str:
     return ENV.get_template(name).render(**context)
 
 
-def pipeline_live(detail: PipelineDetail, dag_id: str, run_id: str) -> str:
-    """The part of the pipeline page that refreshes every 2 s."""
+def pipeline_live(detail: PipelineDetail, dag_id: str, run_id: str, *, can_edit: bool) -> str:
+    """The part of the pipeline page that refreshes every 2 s; its action buttons only where
+    ``can_edit`` (the user may edit the DAG's runs).
+    """
     stage_order = [s.stage_id for s in detail.stages]
     return _render(
-        "pipeline_live.html", detail=detail, dag_id=dag_id, run_id=run_id, stage_order=stage_order
+        "pipeline_live.html",
+        detail=detail,
+        dag_id=dag_id,
+        run_id=run_id,
+        stage_order=stage_order,
+        can_edit=can_edit,
     )
 
 
 def pipeline_page(
-    base: str, dag_id: str, run_id: str, detail: PipelineDetail | None, error: str | None = None
+    base: str,
+    dag_id: str,
+    run_id: str,
+    detail: PipelineDetail | None,
+    error: str | None = None,
+    *,
+    can_edit: bool,
 ) -> str:
-    """The pipeline page of a DAG run; ``error`` instead of ``detail`` while it has none yet."""
+    """The pipeline page of a DAG run; ``error`` instead of ``detail`` while it has none yet;
+    action buttons only where ``can_edit``.
+    """
     run_url = view.run_page_url(base, dag_id, run_id)
     return _render(
         "pipeline_page.html",
@@ -75,6 +90,7 @@ def pipeline_page(
         dag_id=dag_id,
         run_id=run_id,
         stage_order=[s.stage_id for s in detail.stages] if detail else [],
+        can_edit=can_edit,
     )
 
 

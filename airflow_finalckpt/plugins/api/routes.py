@@ -19,6 +19,7 @@ from airflow_finalckpt.control import (
 )
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
+from airflow_finalckpt.plugins.api.audit import audited
 from airflow_finalckpt.plugins.api.auth import (
     Principal,
     authenticate,
@@ -269,9 +270,12 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     ) -> StopSummary:
         """Request a stop. The answer is the stop request (state ``REQUESTED``); poll the run
         until its state is ``suspended`` (savepoint) or ``drained`` (drain). Needs permission
-        to edit the DAG's runs.
+        to edit the DAG's runs. Recorded in Airflow's audit log (event ``finalckpt.stop``).
         """
-        return control.stop(dag_id, run_id, body.mode, requested_by=principal.name)
+        with audited(principal, "stop", dag_id, run_id, {"mode": body.mode.value}) as entry:
+            summary = control.stop(dag_id, run_id, body.mode, requested_by=principal.name)
+            entry.result = stop_result(summary)
+        return summary
 
     @router.post(
         "/dags/{dag_id}/runs/{run_id}/resume",
@@ -282,9 +286,13 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     )
     def resume_run(dag_id: str, run_id: str, principal: CanEdit, control: Control) -> StopSummary:
         """Continue a run suspended at a savepoint, in the same DAG run. A drained run cannot be
-        resumed (409). Needs permission to edit the DAG's runs.
+        resumed (409). Needs permission to edit the DAG's runs. Recorded in Airflow's audit
+        log (event ``finalckpt.resume``).
         """
-        return control.resume(dag_id, run_id, requested_by=principal.name)
+        with audited(principal, "resume", dag_id, run_id, {}) as entry:
+            summary = control.resume(dag_id, run_id, requested_by=principal.name)
+            entry.result = stop_result(summary)
+        return summary
 
     _add_reset_route(router, get_control)
 
@@ -307,21 +315,29 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         graph change (the rules the stage tasks apply before writing: 409 naming the stage and
         the rule), then trigger a new DAG run with conf ``{"restore_from": savepoint_path}``
         (and ``allow_drop_stages``). ``dry_run``: only the check and the plan. Needs permission
-        to create and edit the DAG's runs.
+        to create and edit the DAG's runs. A restore (not a dry run) is recorded in Airflow's
+        audit log (event ``finalckpt.restore``, with the new run's id).
         """
-        check = control.plan_restore(
-            dag_id,
-            body.savepoint_path,
-            dag_graph,
-            allow_drop_stages=body.allow_drop_stages,
-        )
         run_id = None
         if body.dry_run:
+            check = control.plan_restore(
+                dag_id, body.savepoint_path, dag_graph, allow_drop_stages=body.allow_drop_stages
+            )
             response.status_code = status.HTTP_200_OK  # nothing was created
         else:
-            run_id = trigger_restore_run(
-                dag_id, body.savepoint_path, principal, allow_drop_stages=body.allow_drop_stages
-            )
+            asked = {
+                "savepoint_path": body.savepoint_path,
+                "allow_drop_stages": body.allow_drop_stages,
+            }
+            with audited(principal, "restore", dag_id, None, asked) as entry:
+                check = control.plan_restore(
+                    dag_id, body.savepoint_path, dag_graph, allow_drop_stages=body.allow_drop_stages
+                )
+                run_id = trigger_restore_run(
+                    dag_id, body.savepoint_path, principal, allow_drop_stages=body.allow_drop_stages
+                )
+                entry.run_id = run_id
+                entry.result = {"checkpoint_id": check.checkpoint_id, "mode": check.mode}
         return RestoreResponse(
             dag_id=dag_id,
             run_id=run_id,
@@ -355,9 +371,23 @@ def _add_reset_route(router: APIRouter, get_control: Callable[[], PipelineContro
         next try of their tasks recomputes them (clear them in Airflow next: the answer names
         them). Committed output stays; sinks with a declared slice replace it when the
         recompute commits, the others append. 404 for an unknown run or stage, 409 while a
-        stop with savepoint is in progress. Needs permission to edit the DAG's runs.
+        stop with savepoint is in progress. Needs permission to edit the DAG's runs. Recorded in
+        Airflow's audit log (event ``finalckpt.reset``).
         """
-        return reset_stage(control, dag_id, run_id, body.stage_id, requested_by=principal.name)
+        with audited(principal, "reset", dag_id, run_id, {"stage_id": body.stage_id}) as entry:
+            summary = reset_stage(
+                control, dag_id, run_id, body.stage_id, requested_by=principal.name
+            )
+            entry.result = {"reset_stages": summary.reset_stages}
+        return summary
+
+
+def stop_result(summary: StopSummary) -> dict[str, Any]:
+    """What the audit log keeps of a stop or resume: the request, its state, the savepoint."""
+    result: dict[str, Any] = {"stop_request_id": summary.request_id, "state": summary.state.value}
+    if summary.savepoint_id is not None:
+        result["savepoint_id"] = summary.savepoint_id
+    return result
 
 
 def trigger_restore_run(

@@ -1,5 +1,7 @@
 """HTML routes under ``/finalckpt/ui`` (shown in Airflow's UI through external views) and the
-page's static files. Read-only: the page's buttons POST to the REST routes.
+page's static files. Read-only: the page's buttons POST to the REST routes, and a user sees
+only the buttons of the actions they may take (stop, resume and recompute need permission to
+edit the DAG's runs; the REST routes refuse them with 403 anyway).
 """
 
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from airflow_finalckpt.plugins.api.auth import (
     Principal,
     authenticate,
     authorize_dag,
+    is_allowed,
     readable_runs,
 )
 
@@ -58,6 +61,13 @@ def pipeline_detail(
     """The run's detail, once the user may read the DAG's runs (403 otherwise)."""
     authorize_dag(principal, dag_id, "GET")
     return control.describe(dag_id, run_id)
+
+
+def may_edit(principal: Principal, dag_id: str) -> bool:
+    """Whether the page shows the stop, resume and recompute buttons: the permission the REST
+    routes behind them ask for (edit the DAG's runs).
+    """
+    return is_allowed(principal, dag_id, "PUT")
 
 
 def _add_runs_pages(router: APIRouter, get_control: ControlFactory) -> None:
@@ -106,9 +116,13 @@ def _add_pipeline_pages(router: APIRouter, get_control: ControlFactory) -> None:
             detail = pipeline_detail(principal, control, dag_id, run_id)
         except (UnknownRunError, UnknownPipelineError) as exc:
             # Not started yet: show why, and keep polling until the first stage registers it.
-            content = render.pipeline_page(base, dag_id, run_id, None, error=str(exc))
+            content = render.pipeline_page(
+                base, dag_id, run_id, None, error=str(exc), can_edit=False
+            )
             return HTMLResponse(content, status_code=status.HTTP_404_NOT_FOUND, headers=NO_STORE)
-        content = render.pipeline_page(base, dag_id, run_id, detail)
+        content = render.pipeline_page(
+            base, dag_id, run_id, detail, can_edit=may_edit(principal, dag_id)
+        )
         return HTMLResponse(content, headers=NO_STORE)
 
     @router.get(
@@ -123,7 +137,8 @@ def _add_pipeline_pages(router: APIRouter, get_control: ControlFactory) -> None:
         control: Annotated[PipelineControl, Depends(get_control)],
     ) -> HTMLResponse:
         detail = pipeline_detail(principal, control, dag_id, run_id)
-        return HTMLResponse(render.pipeline_live(detail, dag_id, run_id), headers=NO_STORE)
+        content = render.pipeline_live(detail, dag_id, run_id, can_edit=may_edit(principal, dag_id))
+        return HTMLResponse(content, headers=NO_STORE)
 
 
 def _add_static_files(router: APIRouter) -> None:
