@@ -833,3 +833,93 @@ def test_restores_are_in_the_audit_log_with_the_new_run_and_dry_runs_are_not(
         "checkpoint_id": 1,
         "mode": "restore",
     }
+
+
+# ---------------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def cli_over_app(
+    client: TestClient, token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Any]:
+    """``finalckpt ...`` in this process, its API client talking to the app under test; the
+    store URL points nowhere, so a command that touched the store itself would fail."""
+    from click.testing import CliRunner
+
+    from airflow_finalckpt.cli import airflow_api
+    from airflow_finalckpt.cli.main import main
+
+    class AppApi(airflow_api.AirflowApi):
+        def __init__(self, settings: Any, **kwargs: Any) -> None:
+            super().__init__(settings, **kwargs)
+            self._client.close()
+            self._client = client
+
+        def close(self) -> None:  # the fixture's client outlives one command
+            pass
+
+    monkeypatch.setattr(airflow_api, "AirflowApi", AppApi)
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__API_URL", "http://airflow.test")
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", "sqlite:////nonexistent/dir/store.db")
+
+    def run(role: str, name: str, *args: str) -> Any:
+        monkeypatch.setenv("AIRFLOW__FINALCKPT__API_TOKEN", token(role, name=name))
+        return CliRunner().invoke(main, list(args))
+
+    return run
+
+
+def test_the_cli_goes_through_the_api_server_by_default(
+    cli_over_app: Callable[..., Any], store: Store, audit_start: int
+) -> None:
+    import threading
+
+    before = store.snapshot()
+    denied = cli_over_app("VIEWER", "vera", "stop", DAG, RUN, "--savepoint")
+    assert denied.exit_code == 2
+    assert "Airflow refused to stop DAG run 'manual__run1' of 'flights'" in denied.stderr
+    assert "user 'vera' may not edit the runs of DAG 'flights'" in denied.stderr
+    direct = cli_over_app("USER", "fred", "stop", DAG, RUN, "--drain", "--store-url", "sqlite://")
+    assert direct.exit_code == 2 and "add --direct-store (admin only" in direct.stderr
+    unknown = cli_over_app("USER", "fred", "resume", DAG, "nope")
+    assert (
+        unknown.exit_code == 2 and "no pipeline run is known for DAG run 'nope'" in unknown.stderr
+    )
+    assert store.snapshot() == before
+
+    def answer_the_savepoint() -> None:  # the running stage, at its next batch boundary
+        while store.main.stop_request() is None:
+            threading.Event().wait(0.05)
+        store.main.record_batch("ingest", store.main_epoch, finished_splits=["d3"])
+        store.main.suspend("ingest", store.main_epoch)
+
+    stage = threading.Thread(target=answer_the_savepoint, daemon=True)
+    stage.start()
+    stopped = cli_over_app("USER", "fred", "stop", DAG, RUN, "--savepoint", "--wait")
+    stage.join(timeout=60)
+    assert stopped.exit_code == 0, stopped.stderr
+    first, second = stopped.stdout.splitlines()[:2]
+    assert "stop with savepoint #" in first and ": REQUESTED, savepoint" in first
+    assert ": COMPLETED, savepoint" in second and second.endswith("/_metadata")
+    status = cli_over_app("VIEWER", "vera", "status", DAG, RUN, "--json")
+    assert status.exit_code == 0, status.stderr
+    assert json.loads(status.stdout)["summary"]["state"] == "suspended"
+    again = cli_over_app("USER", "fred", "stop", DAG, RUN, "--drain")
+    assert again.exit_code == 2 and "resume it first" in again.stderr
+    resumed = cli_over_app("USER", "fred", "resume", DAG, RUN, "--json")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["requested_by"] == "fred"
+    reset = cli_over_app("USER", "fred", "reset", DAG, RUN, "--stage", "publish")
+    assert reset.exit_code == 0, reset.stderr
+    assert "reset stages publish of pipeline flights.run1" in reset.stdout
+
+    stop = store.main.stop_request()
+    assert stop is not None and stop.requested_by == "fred"
+    rows = audit_rows(audit_start)
+    assert [(r["event"], r["owner"], r["run_id"], r["extra"]["result"]) for r in rows] == [
+        ("finalckpt.resume", "fred", "nope", "refused"),  # 404: the route ran
+        ("finalckpt.stop", "fred", RUN, "accepted"),
+        ("finalckpt.stop", "fred", RUN, "refused"),
+        ("finalckpt.resume", "fred", RUN, "accepted"),
+        ("finalckpt.reset", "fred", RUN, "accepted"),
+    ]
