@@ -259,7 +259,9 @@ def test_a_planted_password_is_nowhere_after_a_standalone_spark_submit_run(
 
     # the command lines of the submission: spark-submit's JVM, the driver, the executors
     assert watcher.spark_submit() and watcher.python_driver(), watcher.seen
-    assert any("--secrets" in c for c in watcher.python_driver()), watcher.python_driver()
+    secrets = [c.split("--secrets ", 1)[1].split()[0] for c in watcher.python_driver()]
+    assert secrets, watcher.python_driver()  # the credentials went by file...
+    assert not any(os.path.exists(path) for path in secrets)  # ...removed once read
     leaking = [c for c in watcher.seen.values() if PLANTED in c]
     assert leaking == []
 
