@@ -57,21 +57,30 @@ def _user_errors(url: str | None, exit_code: int) -> Iterator[None]:
 def logs_to_stderr() -> None:
     """Send every log line to stderr: stdout is the commands' output (``--json`` must parse).
 
-    Importing Airflow configures logging with a console handler on stdout, so Airflow is
-    imported first (if installed; every command reads its configuration anyway), then each
-    stdout handler of the root logger is pointed at stderr.
+    Importing Airflow configures logging with a console handler on stdout and may already log
+    while it loads its config (the secrets masker's "Skipping masking for a secret as it's too
+    short" for a short sensitive option such as ``[finalckpt] api_password``), so Airflow is
+    imported first with stdout pointed at stderr (if installed; every command reads its
+    configuration anyway), then each stdout handler of the root logger and Airflow's structlog
+    logger factory are pointed at stderr.
     """
-    # no Airflow here, or a broken airflow.cfg: the command itself reports that
-    with contextlib.suppress(Exception):
-        import airflow.configuration  # noqa: F401  (configures Airflow's logging)
     # the process's own stderr: a test runner's temporary sys.stderr would be gone afterwards
     stderr = sys.__stderr__ or sys.stderr
+    # no Airflow here, or a broken airflow.cfg: the command itself reports that
+    with contextlib.suppress(Exception), contextlib.redirect_stdout(stderr):
+        import airflow.configuration  # noqa: F401  (configures Airflow's logging)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream in (
             sys.stdout,
             sys.__stdout__,
         ):
             handler.setStream(stderr)
+    with contextlib.suppress(Exception):
+        import structlog
+
+        factory = structlog.get_config().get("logger_factory")
+        if getattr(factory, "io", stderr) in (None, sys.stdout, sys.__stdout__):
+            factory.io = stderr
 
 
 def _resolve_store_url(store_url: str | None) -> tuple[str, str]:
