@@ -79,7 +79,11 @@ def logs_to_stderr() -> None:
         import structlog
 
         factory = structlog.get_config().get("logger_factory")
-        if getattr(factory, "io", stderr) in (None, sys.stdout, sys.__stdout__):
+        if factory is not None and getattr(factory, "io", stderr) in (
+            None,
+            sys.stdout,
+            sys.__stdout__,
+        ):
             factory.io = stderr
 
 
