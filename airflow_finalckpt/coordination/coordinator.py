@@ -72,6 +72,7 @@ from airflow_finalckpt.core.views import (
     suspends,
     timed_out,
 )
+from airflow_finalckpt.store.cursors import settle_ranges
 from airflow_finalckpt.store.reads import StoreReader
 from airflow_finalckpt.store.repository import CoordinationStore
 
@@ -454,6 +455,10 @@ class Coordinator(CoordinatorReads):
                     stage_id, txn.sink_id, txn.txn_id, TransactionState.ABORTED, now
                 )
             tx.rows.update_stage(stage_id, change, now)
+            # the pipeline's last close advances its sources' cursors, in this transaction
+            settle_ranges(
+                tx.rows.conn, self.pipeline_key, tx.rows.lifecycles(), tx.rows.stage_row, now
+            )
             if self.writer is not None:
                 # A discard interrupted at the last completion would otherwise stay forever.
                 tx.after_commit.append(self._ops.sweep_leftover_checkpoints)

@@ -94,13 +94,14 @@ def check_text(stage_id: str, name: str, value: object) -> str:
 
 
 def check_splits(stage_id: str, value: object) -> Any:
-    """None (from the primary input), a callable returning split ids, or a list of distinct,
-    non-empty split id strings.
+    """None (from the primary input), a callable returning split ids, an incremental source,
+    or a list of distinct, non-empty split id strings.
     """
-    if value is None or callable(value):
-        return value
+    if value is None or callable(value) or getattr(value, "is_incremental_source", False):
+        return value  # an incremental source (airflow_finalckpt.sources) lists its own splits
     rule = (
-        "must be a list of distinct non-empty split id strings, a callable returning one, or None"
+        "must be a list of distinct non-empty split id strings, a callable returning one, an "
+        "incremental source (LandingDirectory, IcebergAppends, DeltaAppends) or None"
     )
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise argument_error(stage_id, "splits", value, rule)

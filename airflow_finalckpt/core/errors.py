@@ -135,6 +135,18 @@ class SplitListChangedError(FinalCheckpointError):
     """
 
 
+class SourceRangeBusyError(FinalCheckpointError):
+    """Another pipeline run holds an uncommitted range of the same incremental source: this
+    run may read only after that range committed (transient: a retry may find it committed).
+    """
+
+
+class SourceRefusedError(FinalCheckpointError):
+    """An incremental source cannot take its range as documented (an overwrite or delete
+    snapshot, a rewritten table history, a cursor moved behind the run's back).
+    """
+
+
 #: Errors that a retry cannot fix: the DAG, the conf or the savepoint must change first.
 #: Everything else (database or storage I/O, a stale attempt, a stop in progress) may be
 #: transient and keeps Airflow's retries.
@@ -150,6 +162,7 @@ PERMANENT_ERRORS: tuple[type[FinalCheckpointError], ...] = (
     RecomputeRefusedError,
     PipelineDrivenError,
     SplitListChangedError,
+    SourceRefusedError,
 )
 
 

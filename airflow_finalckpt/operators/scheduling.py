@@ -16,9 +16,12 @@ from airflow_finalckpt.core.arguments import check_splits
 from airflow_finalckpt.core.errors import StageDefinitionError
 from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.operators.publishing import primary_splits
+from airflow_finalckpt.sources.base import IncrementalSource
 
 #: A stage's ``splits``: a list, or a callable taking nothing or the run's context.
-SplitsArg = Sequence[str] | Callable[[], Sequence[str]] | Callable[[RunContext], Sequence[str]]
+ListedSplits = Sequence[str] | Callable[[], Sequence[str]] | Callable[[RunContext], Sequence[str]]
+#: ... or an incremental source (``airflow_finalckpt.sources``: what is new since the last run).
+SplitsArg = ListedSplits | IncrementalSource
 
 
 def run_context_of(context: Mapping[str, Any]) -> RunContext:
@@ -45,7 +48,7 @@ def _takes_an_argument(fn: Callable[..., Any]) -> bool:
     return any(p.kind in kinds or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 
-def call_splits(stage_id: str, splits: SplitsArg, run: RunContext) -> list[str]:
+def call_splits(stage_id: str, splits: ListedSplits, run: RunContext) -> list[str]:
     """The splits of a source stage: a list as is; a callable with the run's context (or
     without arguments, as before), e.g. ``lambda run: files_of(run.data_interval_start)``.
     """
@@ -60,11 +63,20 @@ def call_splits(stage_id: str, splits: SplitsArg, run: RunContext) -> list[str]:
     return list(check_splits(stage_id, declared))
 
 
-def declared_splits(stage: Any, manifests: Mapping[str, list[str]], context: Any) -> list[str]:
+def declared_splits(
+    stage: Any,
+    manifests: Mapping[str, list[str]],
+    context: Any,
+    claim: Callable[[Any], list[str]] | None = None,
+) -> list[str]:
     """A stage's splits for this run (its own, else its primary input's output parts), checked
-    for empty input.
+    for empty input. ``claim``: the range an incremental source's run reads (recorded once).
     """
-    if stage.splits is not None:
+    if getattr(stage.splits, "is_incremental_source", False):
+        if claim is None:
+            raise StageDefinitionError(f"stage {stage.stage_id!r}: no store to claim its range")
+        splits = claim(stage.splits)
+    elif stage.splits is not None:
         splits = call_splits(stage.stage_id, stage.splits, run_context_of(context))
     else:
         splits = primary_splits(stage.stage_id, stage.primary_input, manifests)

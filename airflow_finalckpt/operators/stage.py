@@ -73,6 +73,7 @@ from airflow_finalckpt.runtime.runner import (
     StageCloser,
     StageSpec,
 )
+from airflow_finalckpt.sources.claims import claim_splits
 from airflow_finalckpt.spark.driver import spark_logic
 from airflow_finalckpt.spark.launch import ExecutionMode
 from airflow_finalckpt.storage import CheckpointStorage
@@ -111,8 +112,10 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         every open event-time window.
     :param stage_id: the stage's id in the pipeline graph and the coordination store (default:
         the task id); keep it when renaming the task, so progress and savepoints still match.
-    :param splits: a source stage's split ids: a list, or a callable of the run's ``RunContext``
-        (or of nothing); default: the ``primary_input``'s parts (``allow_empty=False``: none fails).
+    :param splits: a source stage's split ids: a list, a callable of the run's ``RunContext``
+        (or of nothing), or an incremental source (``airflow_finalckpt.sources``: what is new
+        since the last committed run, docs/sources.md); default: the ``primary_input``'s parts
+        (``allow_empty=False``: none fails).
     :param split_bytes: input bytes of each of a source's splits (a dict, or a callable of one
         split id, run where the Spark driver runs; None: unknown), so its first auto batch is
         sized from bytes instead of a one-split probe (``sizing.file_bytes`` for file splits).
@@ -320,7 +323,9 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
 
         upstream = [(up.task_id, up.stage_id) for up in self._upstream_stage_tasks()]
         manifests = upstream_manifests(context["ti"], self.stage_id, upstream)
-        splits = scheduling.declared_splits(self, manifests, context)
+        splits = scheduling.declared_splits(
+            self, manifests, context, lambda source: self._claim(source, coordinator, context)
+        )
         run = self._run_stage(context, key, coordinator, settings, storage, splits, manifests)
         result = run.result
         context["ti"].xcom_push(
@@ -336,6 +341,17 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         if result.status is RunStatus.SUSPENDED:
             return self._wait_for_resume(run.epoch, key, settings, result.savepoint_id)
         return self._wait_and_close(context, run.closer, key, settings)
+
+    def _claim(self, source: Any, coordinator: Coordinator, context: Context) -> list[str]:
+        """The range of an incremental source this pipeline run reads (docs/sources.md)."""
+        return claim_splits(
+            coordinator.engine,
+            source,
+            pipeline_key=coordinator.pipeline_key,
+            stage_id=self.stage_id,
+            run=scheduling.run_context_of(context),
+            logger=self.log,
+        )
 
     def _wait_for_resume(
         self, epoch: int | None, key: str, settings: Any, savepoint_id: int | None

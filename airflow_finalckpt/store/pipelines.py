@@ -11,6 +11,7 @@ from sqlalchemy import Engine, Table, case, func, select
 
 from airflow_finalckpt.core.model import CheckpointKind, StageLifecycle
 from airflow_finalckpt.store import schema as t
+from airflow_finalckpt.store.cursors import release_ranges
 from airflow_finalckpt.store.writes import lock_pipeline
 
 #: Every table holding a pipeline's rows, children first.
@@ -137,10 +138,11 @@ def delete_pipeline_rows(engine: Engine, pipeline_key: str) -> int:
     deleted = 0
     with engine.begin() as conn:
         if lock_pipeline(conn, pipeline_key) is None:
-            return 0
+            return release_ranges(conn, pipeline_key)
         for table in _PIPELINE_TABLES:
             result = conn.execute(table.delete().where(table.c.pipeline_key == pipeline_key))
             deleted += int(result.rowcount or 0)
+        deleted += release_ranges(conn, pipeline_key)  # its uncommitted source range
     return deleted
 
 

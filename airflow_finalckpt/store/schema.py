@@ -205,3 +205,42 @@ sink_dates = Table(
     Column("committed_at", Float, nullable=False),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
+
+#: The committed read position of each incremental source (``core.source_cursor.Cursor``): a
+#: snapshot id or version read completely, the files read beyond it, and how many times it
+#: advanced (``version``: every advance is a compare and set on it). Not a pipeline's row: it
+#: outlives the pipelines that advanced it.
+source_cursors = Table(
+    "finalckpt_source_cursors",
+    metadata,
+    Column("cursor_id", KEY, primary_key=True),
+    Column("kind", String(20), nullable=False),
+    Column("position", BigInteger, nullable=True),
+    Column("consumed", JSON, nullable=False),
+    Column("version", BigInteger, nullable=False, default=0),
+    Column("advanced_by", KEY, nullable=True),
+    Column("updated_at", Float, nullable=False),
+)
+
+#: The range each pipeline run reads of a source, recorded when its source stage first starts
+#: (``core.source_cursor.RecordedRange``): OPEN until the transition that closes the
+#: pipeline's last stage advances the cursor over it (COMMITTED); RECOMPUTE: a rerun's copy.
+#: Committed ranges outlive their pipeline (a rerun of the same logical date reads them
+#: again); deleting a pipeline deletes its OPEN and RECOMPUTE ranges (its range is given back).
+source_ranges = Table(
+    "finalckpt_source_ranges",
+    metadata,
+    Column("cursor_id", KEY, primary_key=True),
+    Column("pipeline_key", KEY, primary_key=True),
+    Column("stage_id", KEY, nullable=False),
+    Column("state", String(20), nullable=False),
+    Column("range", JSON, nullable=False),
+    # the splits the cursor advanced over when fewer than the range's (a drained run)
+    Column("read", JSON(none_as_null=True), nullable=True),
+    Column("dag_id", KEY, nullable=True),
+    Column("run_id", KEY, nullable=True),
+    Column("logical_date", String(64), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("settled_at", Float, nullable=True),
+    Index("ix_finalckpt_source_ranges_pipeline", "pipeline_key"),
+)
