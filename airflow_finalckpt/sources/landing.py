@@ -76,9 +76,12 @@ class LandingDirectory(IncrementalSource):
                 "it or fix the source's url"
             )
         found = fs.find(root, withdirs=False, detail=True)
+        url = fs.unstrip_protocol(root)  # once: per file it costs as much as the listing
         files = []
         for path in sorted(found):
-            relative = path[len(root) :].lstrip("/")
+            if not path.startswith(root + "/"):
+                continue
+            relative = path[len(root) + 1 :]
             if any(part.startswith(("_", ".")) for part in relative.split("/")):
                 continue
             if not fnmatch.fnmatchcase(relative, self.pattern):
@@ -87,5 +90,5 @@ class LandingDirectory(IncrementalSource):
             identity = f"{path}|{info.get('size')}|{_mtime(info)}"
             if identity in cursor.consumed:
                 continue
-            files.append(SourceFile(split_id=fs.unstrip_protocol(path), identity=identity))
+            files.append(SourceFile(split_id=f"{url}/{relative}", identity=identity))
         return Listing(newest=None, files=tuple(files))
