@@ -185,3 +185,47 @@ def test_a_missing_landing_directory_is_refused(engine: Engine, tmp_path: Path) 
     with pytest.raises(SourceRefusedError, match="does not exist"):
         claim_splits(engine, source, pipeline_key="p1", stage_id="read")
     assert ranges_of_pipeline(engine, "p1") == []
+
+
+def test_concurrent_runs_never_read_one_range_twice(engine: Engine) -> None:
+    """Eight runs claim at once, each having listed before any of them wrote: one range is
+    recorded, the seven others are refused (each re-decides under the cursor lock).
+    """
+    import threading
+
+    table = Table()
+    table.append("a", "b")
+    barrier = threading.Barrier(8)
+
+    def listed_together(cursor: Cursor) -> Listing:
+        try:  # runs that listed wait for each other, so their writes race
+            barrier.wait(timeout=10)
+        except threading.BrokenBarrierError:
+            pass  # a run saw a recorded range first and did not list
+        return table.list_new(cursor)
+
+    outcomes: dict[str, object] = {}
+
+    def run(key: str) -> None:
+        try:
+            outcomes[key] = claim_range(
+                engine,
+                cursor_id="c",
+                kind="delta",
+                pipeline_key=key,
+                stage_id="read",
+                lister=listed_together,
+                now=lambda: 1.0,
+            ).range.splits
+        except SourceRangeBusyError as exc:
+            outcomes[key] = exc
+
+    threads = [threading.Thread(target=run, args=(f"p{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    won = [k for k, v in outcomes.items() if v == ["a", "b"]]
+    assert len(won) == 1 and len(outcomes) == 8
+    assert all(isinstance(v, SourceRangeBusyError) for k, v in outcomes.items() if k not in won)
+    assert [r.pipeline_key for r in ranges_of_pipeline(engine, won[0])] == won
