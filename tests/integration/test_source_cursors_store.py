@@ -191,6 +191,7 @@ def test_concurrent_runs_never_read_one_range_twice(engine: Engine) -> None:
     """Eight runs claim at once, each having listed before any of them wrote: one range is
     recorded, the seven others are refused (each re-decides under the cursor lock).
     """
+    import contextlib
     import threading
 
     table = Table()
@@ -198,10 +199,10 @@ def test_concurrent_runs_never_read_one_range_twice(engine: Engine) -> None:
     barrier = threading.Barrier(8)
 
     def listed_together(cursor: Cursor) -> Listing:
-        try:  # runs that listed wait for each other, so their writes race
+        # runs that listed wait for each other, so their writes race (a broken barrier: a run
+        # saw a recorded range first and did not list)
+        with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=10)
-        except threading.BrokenBarrierError:
-            pass  # a run saw a recorded range first and did not list
         return table.list_new(cursor)
 
     outcomes: dict[str, object] = {}
