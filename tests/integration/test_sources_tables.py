@@ -100,3 +100,50 @@ def test_delta_reads_the_versions_after_the_cursor(tmp_path: Path) -> None:
     DeltaTable(uri).delete("id = 1")
     with pytest.raises(SourceRefusedError, match=r"version \d+ removes rows"):
         source.list_new(cursor)
+
+
+class _Summary:
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+
+
+class _Snapshot:
+    def __init__(self, snapshot_id: int, parent: int | None, operation: str) -> None:
+        self.snapshot_id, self.parent_snapshot_id = snapshot_id, parent
+        self.summary = _Summary(operation)
+
+
+class _History:
+    """A table history pyiceberg 0.12 cannot write: a compaction (``replace``) snapshot."""
+
+    def __init__(self, *operations: str) -> None:
+        self.snapshots = {i + 1: _Snapshot(i + 1, i or None, op) for i, op in enumerate(operations)}
+
+    def current_snapshot(self) -> _Snapshot:
+        return self.snapshots[max(self.snapshots)]
+
+    def snapshot_by_id(self, snapshot_id: int) -> _Snapshot:
+        return self.snapshots[snapshot_id]
+
+
+def test_iceberg_passes_over_a_compaction_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_finalckpt.core.source_cursor import SourceFile
+    from airflow_finalckpt.sources import iceberg
+
+    history = _History("append", "append", "replace", "append")
+    source = IcebergAppends("ns.t", warehouse="/unused")
+    monkeypatch.setattr(source, "load", lambda: history)
+    monkeypatch.setattr(
+        iceberg,
+        "_added_files",
+        lambda _table, snapshot: [
+            SourceFile(f"f{snapshot.snapshot_id}", f"f{snapshot.snapshot_id}")
+        ],
+    )
+    cursor = new_cursor("c", source.kind, position=1)
+    rng = plan_range(cursor, source.list_new(cursor))
+    # the replace snapshot (3) rewrote rows already read or in this range: passed over
+    assert rng.splits == ["f2", "f4"] and (rng.start, rng.end) == (1, 4)
+    history.snapshots[5] = _Snapshot(5, 4, "overwrite")
+    with pytest.raises(SourceRefusedError, match=r"snapshot 5 \(overwrite\)"):
+        source.list_new(advance(cursor, rng, rng.splits))
