@@ -24,7 +24,7 @@ from airflow_finalckpt.examples.nycflights13.run import CRASH_SPEC, crash_report
 pytestmark = pytest.mark.slow
 
 DAG_SOURCE = """
-from airflow_finalckpt.examples.nycflights13.crash import crash_hook
+from airflow_finalckpt.examples.nycflights13.crash import crash_batch_sizes, crash_hook
 from airflow_finalckpt.examples.nycflights13.dag import build_dag
 
 dag = build_dag(
@@ -33,7 +33,7 @@ dag = build_dag(
     output_dir=OUTPUT,
     days=DAYS,
     retries=0,
-    batch_sizes={"enrich": 1},
+    batch_sizes=crash_batch_sizes(DAYS),
     batch_hooks={"enrich": crash_hook(lambda: CRASH[0])},
 )
 """

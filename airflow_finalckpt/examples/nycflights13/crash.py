@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 CrashSpec = str | None | Callable[[], str | None]
 
 
+def crash_batch_sizes(days: int) -> dict[str, int]:
+    """Fixed batch sizes under which ``"enrich:1"`` always fires: ingest writes two parts (its
+    days in two halves) and enrich reads one per batch. With auto batches a day input that fits
+    the target is one ingest part, so enrich would have a single split and no batch 2.
+    """
+    return {"ingest": max(1, -(-days // 2)), "enrich": 1}
+
+
 class InjectedCrash(RuntimeError):
     """The demo's injected fault."""
 

@@ -42,9 +42,6 @@ CRASH_SPEC = "enrich:1"
 #: enrich's splits are ingest's output parts, at most one per day: one day is one split, and a
 #: crash cannot land between two batches of one split.
 MIN_CRASH_DAYS = 2
-#: With the crash hook, enrich runs one split per batch: a cold auto run sizes its first batch
-#: from the parts' bytes and would read a small input in one batch, leaving no batch 2.
-CRASH_BATCH_SIZES = {"enrich": 1}
 #: What ``--lakehouse`` needs (the ``lakehouse`` extra).
 LAKEHOUSE_MODULES = ("pyiceberg", "deltalake")
 
@@ -90,7 +87,7 @@ def _load_dag(crash: Callable[[], str | None] | None = None) -> Any:
     if crash is None:
         return module.dag
     from airflow_finalckpt.examples.nycflights13.branching import build_branching_dag
-    from airflow_finalckpt.examples.nycflights13.crash import crash_hook
+    from airflow_finalckpt.examples.nycflights13.crash import crash_batch_sizes, crash_hook
     from airflow_finalckpt.examples.nycflights13.dag import env_settings
 
     return build_branching_dag(
@@ -98,7 +95,7 @@ def _load_dag(crash: Callable[[], str | None] | None = None) -> Any:
         doc_md=module.__doc__,
         lakehouse=os.environ.get("FINALCKPT_EXAMPLE_LAKEHOUSE") == "1",
         retries=0,
-        batch_sizes=CRASH_BATCH_SIZES,
+        batch_sizes=crash_batch_sizes(int(os.environ["FINALCKPT_EXAMPLE_DAYS"])),
         batch_hooks={"enrich": crash_hook(crash)},
         **env_settings(),
     )
