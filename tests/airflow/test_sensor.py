@@ -110,8 +110,11 @@ def sensor_dag(write_dag: Callable[..., Any], store: Store) -> Callable[..., Any
 
 
 def output(capfd: Any, caplog: Any) -> str:
-    """Everything the run logged: Airflow logs through stdlib logging and structlog (stdout)."""
-    return capfd.readouterr().out + "\n" + caplog.text
+    """Everything the run logged: Airflow logs through stdlib logging and structlog (stdout, or
+    stderr once a CLI command ran in this process: ``cli._shared.logs_to_stderr``).
+    """
+    captured = capfd.readouterr()
+    return captured.out + "\n" + captured.err + "\n" + caplog.text
 
 
 def task_result(dag_run: Any, task_id: str = "wait_for_stage") -> tuple[str, Any]:
