@@ -43,6 +43,22 @@ class InProcessDriver:
         pass
 
 
+def driver_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, stage_id: str
+) -> tuple[str, CheckpointStorage, Coordinator]:
+    """A one-stage pipeline in a SQLite store, with the environment a submitted driver reads."""
+    url = f"sqlite:///{tmp_path}/store.db"
+    engine = make_engine(url)
+    ensure_schema(engine)
+    storage = CheckpointStorage(str(tmp_path / "ckpt"))
+    coordinator = Coordinator(engine, key, writer=storage)
+    coordinator.register(StageGraph.from_edges([stage_id], []))
+    monkeypatch.setenv(STORE_URL_ENV, url)
+    monkeypatch.setenv(STORAGE_URI_ENV, storage.root_uri)
+    monkeypatch.delenv(STORAGE_OPTIONS_ENV, raising=False)
+    return url, storage, coordinator
+
+
 def transform(ctx: Any) -> Any:
     seen = {
         "start": ctx.data_interval_start.isoformat(),
@@ -58,15 +74,7 @@ def transform(ctx: Any) -> Any:
 def test_a_submitted_driver_hands_the_run_context_to_the_transform(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"sqlite:///{tmp_path}/store.db"
-    engine = make_engine(url)
-    ensure_schema(engine)
-    storage = CheckpointStorage(str(tmp_path / "ckpt"))
-    coordinator = Coordinator(engine, "daily", writer=storage)
-    coordinator.register(StageGraph.from_edges(["read_day"], []))
-    monkeypatch.setenv(STORE_URL_ENV, url)
-    monkeypatch.setenv(STORAGE_URI_ENV, storage.root_uri)
-    monkeypatch.delenv(STORAGE_OPTIONS_ENV, raising=False)
+    url, storage, coordinator = driver_store(tmp_path, monkeypatch, "daily", "read_day")
     run = RunContext.of(
         dag_id="daily",
         run_id="scheduled__2013-01-05",
@@ -117,15 +125,7 @@ def test_a_submitted_driver_sizes_a_cold_source_from_its_split_bytes(
     driver's first auto batch takes all three splits (30 bytes), not a one-split probe."""
     from airflow_finalckpt.storage.hints import StorageThroughputHints
 
-    url = f"sqlite:///{tmp_path}/store.db"
-    engine = make_engine(url)
-    ensure_schema(engine)
-    storage = CheckpointStorage(str(tmp_path / "ckpt"))
-    coordinator = Coordinator(engine, "sized", writer=storage)
-    coordinator.register(StageGraph.from_edges(["ingest"], []))
-    monkeypatch.setenv(STORE_URL_ENV, url)
-    monkeypatch.setenv(STORAGE_URI_ENV, storage.root_uri)
-    monkeypatch.delenv(STORAGE_OPTIONS_ENV, raising=False)
+    url, storage, _ = driver_store(tmp_path, monkeypatch, "sized", "ingest")
     launcher = SubmitLauncher(
         SparkTarget(ExecutionMode.SUBMIT, "spark://m:7077", "client"),
         storage,
