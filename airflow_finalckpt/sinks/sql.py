@@ -29,7 +29,6 @@ from sqlalchemy import (
     Engine,
     MetaData,
     Table,
-    and_,
     delete,
     func,
     insert,
@@ -73,6 +72,7 @@ from airflow_finalckpt.sinks.sql_tables import (
     define_staging,
     define_target,
     guard_sqlite_directory,
+    in_slice,
     reflect_staging,
     sql_type_for_arrow,
 )
@@ -481,8 +481,8 @@ class SqlTableSink(TwoPhaseCommitSink):
                             f"sink {self.sink_id!r}: replace_slice column {column!r} is not a "
                             f"column of table {self.table_name!r}; nothing was committed"
                         )
-                in_slice = and_(*(target.c[c] == v for c, v in self.replace_slice.items()))
-                conn.execute(delete(target).where(in_slice))
+                backend = self.engine.url.get_backend_name()
+                conn.execute(delete(target).where(in_slice(target, self.replace_slice, backend)))
             for txn in txns:
                 if not self._commit_in(conn, tables, txn):
                     raise SinkTransactionError(

@@ -8,9 +8,11 @@ the checks that keep every name safe to use unquoted, and the one dialect-specif
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
@@ -30,10 +32,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     event,
     inspect,
 )
 from sqlalchemy.exc import DatabaseError
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from airflow_finalckpt.core.errors import ConfigurationError
@@ -242,3 +246,39 @@ def guard_sqlite_directory(sink_id: str, engine: Engine) -> None:
                 f"sink {sink_id!r}: argument url: the SQLite file's directory {directory} does "
                 "not exist; create it or point url at an existing directory"
             )
+
+
+def slice_value(column: Column[Any], value: Any, dialect: str) -> Any:
+    """A ``replace_slice`` value (a rendered template, so a string) as its column's Python
+    type: PostgreSQL compares no ``date`` or ``bigint`` with ``varchar`` (SQLite compares by
+    affinity and keeps its own text form of timestamps, so those stay strings there).
+    """
+    try:
+        python_type = column.type.python_type
+    except NotImplementedError:
+        return value
+    if not isinstance(value, str) or python_type is str:
+        return value
+    parse: Callable[[str], Any] | None = None
+    if python_type is datetime.datetime and dialect != "sqlite":
+        parse = datetime.datetime.fromisoformat
+    elif python_type is datetime.date:
+        parse = datetime.date.fromisoformat
+    elif python_type in (int, float, decimal.Decimal):
+        parse = python_type
+    if parse is None:
+        return value
+    try:
+        return parse(value)
+    except (ValueError, decimal.InvalidOperation) as exc:
+        raise SinkError(
+            f"replace_slice value {value!r} does not parse as the {column.type} of column "
+            f"{column.name!r} ({exc}); nothing was committed"
+        ) from exc
+
+
+def in_slice(target: Table, replace_slice: Mapping[str, Any], dialect: str) -> ColumnElement[bool]:
+    """The rows of ``target`` in the slice, each value compared as its column's type."""
+    return and_(
+        *(target.c[c] == slice_value(target.c[c], v, dialect) for c, v in replace_slice.items())
+    )

@@ -162,3 +162,32 @@ def test_a_crash_in_the_parquet_swap_never_leaves_the_slice_empty_or_doubled(
     # a plain directory reader sees the partition like any Hive-style table
     plain = spark.read.option("recursiveFileLookup", "true").parquet(str(tmp_path / "parquet"))
     assert sorted(r.n for r in plain.collect()) == [10, 11, 12, 13]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_slice_of_typed_columns_is_replaced(
+    spark: SparkSession, tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A DATE and an INT slice column with the string values a template renders: PostgreSQL
+    refused the delete (``date = character varying``) at commit, after the other sinks had
+    committed (found by a user DAG publishing ``to_date(...)`` days).
+    """
+    if kind == "sql_pg":
+        PG_URLS[tmp_path] = str(request.getfixturevalue("pg_url"))
+    owned = {"event_date": A, "hour": "7"}
+
+    def typed(numbers: range) -> DataFrame:
+        frame = spark.createDataFrame([(A, 7, n) for n in numbers], "d string, hour int, n long")
+        return frame.selectExpr("to_date(d) AS event_date", "hour", "n")
+
+    def sink() -> TwoPhaseCommitSink:
+        made = make(kind, tmp_path, A)
+        made.replace_slice = owned  # as the operator renders it: strings
+        return made
+
+    first = sink()
+    assert first.commit_replacing([stage(first, "p.p1.b0.e1", typed(range(3)), 1)])
+    rerun = sink()
+    assert rerun.commit_replacing([stage(rerun, "p.p2.b0.e1", typed(range(10, 12)), 1)])
+    frame: pd.DataFrame = sink().read_pandas()  # type: ignore[attr-defined]
+    assert sorted(int(n) for n in frame["n"]) == [10, 11]
