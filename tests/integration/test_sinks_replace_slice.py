@@ -191,3 +191,23 @@ def test_a_slice_of_typed_columns_is_replaced(
     assert rerun.commit_replacing([stage(rerun, "p.p2.b0.e1", typed(range(10, 12)), 1)])
     frame: pd.DataFrame = sink().read_pandas()  # type: ignore[attr-defined]
     assert sorted(int(n) for n in frame["n"]) == [10, 11]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rerun_without_rows_empties_its_slice(
+    spark: SparkSession, tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A new run of a day whose input is gone (a stage with no input pre-commits its finish
+    transaction without rows) leaves the day empty, as the plain job would, in every sink."""
+    if kind == "sql_pg":
+        PG_URLS[tmp_path] = str(request.getfixturevalue("pg_url"))
+    first = make(kind, tmp_path, A)
+    assert first.commit_replacing([stage(first, "p.p1.b0.e1", rows(spark, A, range(3)), 1)])
+    other = make(kind, tmp_path, B)
+    assert other.commit_replacing([stage(other, "p.p2.b0.e1", rows(spark, B, range(5, 7)), 1)])
+    rerun = make(kind, tmp_path, A)
+    empty = rerun.precommit("p.p3.finish.e1", 1)  # nothing written
+    rerun.commit_replacing([empty])
+    assert table(kind, tmp_path) == {B: [5, 6]}
+    assert make(kind, tmp_path, A).commit_replacing([empty]) is False  # a replay: no change
+    assert table(kind, tmp_path) == {B: [5, 6]}
