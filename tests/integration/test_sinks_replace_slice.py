@@ -211,3 +211,31 @@ def test_a_rerun_without_rows_empties_its_slice(
     assert table(kind, tmp_path) == {B: [5, 6]}
     assert make(kind, tmp_path, A).commit_replacing([empty]) is False  # a replay: no change
     assert table(kind, tmp_path) == {B: [5, 6]}
+
+
+def test_plain_readers_read_a_sliced_parquet_table(spark: SparkSession, tmp_path: Path) -> None:
+    """docs/sinks.md's readers on a table with slices (``event_date=<day>/`` directories whose
+    files hold ``event_date`` too): every row once, the column as written (a string)."""
+    import duckdb
+    import pyarrow.dataset as pads
+
+    for day, numbers in ((A, range(3)), (B, range(5, 7))):
+        sink = make("parquet", tmp_path, day)
+        assert sink.commit_replacing([stage(sink, f"p.{day}.b0.e1", rows(spark, day, numbers), 1)])
+    path = str(tmp_path / "parquet")
+    frames = {
+        "pandas": pd.read_parquet(path, partitioning=None),
+        "pyarrow": pads.dataset(path).to_table().to_pandas(),
+        "duckdb": duckdb.sql(
+            f"SELECT * FROM read_parquet('{path}/*/*.parquet', hive_partitioning=false)"
+        ).df(),
+        "spark": spark.read.option("recursiveFileLookup", "true").parquet(path).toPandas(),
+    }
+    for reader, frame in frames.items():
+        got = sorted(zip(frame["event_date"], frame["n"], strict=True))
+        assert got == [(A, 0), (A, 1), (A, 2), (B, 5), (B, 6)], reader
+    # the defaults take the directories for Hive partitions: pandas fails, DuckDB retypes
+    with pytest.raises(Exception, match="Unable to merge: Field event_date has incompatible"):
+        pd.read_parquet(path)
+    hive = duckdb.sql(f"SELECT typeof(event_date) FROM read_parquet('{path}/*/*.parquet')")
+    assert hive.fetchall()[0] == ("DATE",)
