@@ -226,7 +226,7 @@ def test_plain_readers_read_a_sliced_parquet_table(spark: SparkSession, tmp_path
     frames = {
         "pandas": pd.read_parquet(path, partitioning=None),
         "pyarrow": pads.dataset(path).to_table().to_pandas(),
-        "duckdb": duckdb.sql(
+        "duckdb": duckdb.sql(  # type: ignore[union-attr]
             f"SELECT * FROM read_parquet('{path}/*/*.parquet', hive_partitioning=false)"
         ).df(),
         "spark": spark.read.option("recursiveFileLookup", "true").parquet(path).toPandas(),
@@ -238,4 +238,4 @@ def test_plain_readers_read_a_sliced_parquet_table(spark: SparkSession, tmp_path
     with pytest.raises(Exception, match="Unable to merge: Field event_date has incompatible"):
         pd.read_parquet(path)
     hive = duckdb.sql(f"SELECT typeof(event_date) FROM read_parquet('{path}/*/*.parquet')")
-    assert hive.fetchall()[0] == ("DATE",)
+    assert hive.fetchall()[0] == ("DATE",)  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+from typing import Any
 
 import pytest
 from sqlalchemy import BigInteger, Column, Date, DateTime, Numeric, String, Uuid
@@ -25,7 +26,7 @@ from airflow_finalckpt.sinks.sql_tables import slice_value
     ],
 )
 def test_a_date_string_is_compared_as_its_column(
-    column: Column, dialect: str, want: object
+    column: Column[Any], dialect: str, want: object
 ) -> None:
     assert slice_value(column, "2024-01-02", dialect) == want
 
