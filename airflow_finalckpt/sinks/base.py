@@ -130,6 +130,13 @@ class TwoPhaseCommitSink(ABC):
 
     def _check_rows_in_slice(self, df: pyspark.sql.DataFrame) -> None:
         """Refuse a batch with rows outside the declared slice (before anything is staged)."""
+        missing = [c for c in self.replace_slice or () if c not in df.columns]
+        if missing:
+            raise SinkError(
+                f"sink {self.sink_id!r}: replace_slice column {missing[0]!r} "
+                f"is not a column of the batch (it has {df.columns}); select it in the "
+                "transform; nothing was written"
+            )
         if self.replace_slice and rows_outside_slice(df, self.replace_slice):
             raise SinkError(
                 f"sink {self.sink_id!r}: the batch has rows outside replace_slice "

@@ -239,3 +239,16 @@ def test_plain_readers_read_a_sliced_parquet_table(spark: SparkSession, tmp_path
         pd.read_parquet(path)
     hive = duckdb.sql(f"SELECT typeof(event_date) FROM read_parquet('{path}/*/*.parquet')")
     assert hive.fetchall()[0] == ("DATE",)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "sql", "iceberg", "delta"])
+def test_a_batch_without_the_slice_column_is_refused_naming_it(
+    spark: SparkSession, tmp_path: Path, kind: str
+) -> None:
+    """A transform that dropped the slice column got Spark's UNRESOLVED_COLUMN from inside the
+    sink's slice check, naming neither the sink nor ``replace_slice``."""
+    sink = make(kind, tmp_path, A)
+    frame = rows(spark, A, range(2)).drop("event_date")
+    with pytest.raises(SinkError, match=r"sink 'flights': replace_slice column 'event_date' is "):
+        sink.write_spark("p.p1.b0.e1", frame)
+    assert sink.staged_txn_ids() == set()
