@@ -5,7 +5,8 @@ Every setting is resolved on its own, first source wins:
 1. an explicit override (``load_settings(overrides)``, CLI options);
 2. env ``AIRFLOW__FINALCKPT__<NAME>`` (Airflow's convention for section ``[finalckpt]``);
 3. for ``store_url`` only: the Airflow connection ``finalckpt_default``, read from env
-   ``AIRFLOW_CONN_FINALCKPT_DEFAULT`` (URI or JSON form);
+   ``AIRFLOW_CONN_FINALCKPT_DEFAULT`` (URI or JSON form, parsed by Airflow's ``Connection``
+   API where Airflow is installed: ``connections/``);
 4. the ``[finalckpt]`` section through Airflow's config API (``conf.get``: airflow.cfg, and
    ``_cmd`` / ``_secret`` variants where Airflow allows them), when Airflow is importable;
 5. the default of the option in ``provider_info.CONFIG_OPTIONS`` (the provider's ``config``
@@ -19,6 +20,11 @@ the storage here: the Airflow task resolves them and passes the values in the dr
 environment (``spark/launch/submit.py``), which the driver reads as they are (``spark/driver.py``).
 Airflow is imported lazily, only when a setting is still unresolved after steps 1-3, and any
 failure to import it is ignored.
+
+``storage_conn_id`` names an Airflow connection whose object-store credentials go under
+``storage_options`` (``connections/storage.py``: the provider's hook where it is installed);
+it is resolved by ``load_settings`` where settings are used (tasks, triggerer, CLI), never in a
+Spark driver, which receives the resolved options through its secrets file.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
+from airflow_finalckpt.connections.database import store_url_from_connection
 from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.provider_info import SECTION, SETTING_DEFAULTS, expand_default
@@ -49,26 +56,6 @@ MASK = "***"
 SOURCE_OVERRIDE = "override"
 SOURCE_CONNECTION = f"connection {CONNECTION_ID} (env {CONNECTION_ENV})"
 SOURCE_DEFAULT = "default"
-
-#: Connection extras that are libpq connection parameters, so they may go into the URL query.
-#: Other Airflow extras (``cursor``, ``iam``...) would make psycopg refuse to connect.
-LIBPQ_QUERY_PARAMS = frozenset(
-    {
-        "sslmode",
-        "sslcert",
-        "sslkey",
-        "sslrootcert",
-        "sslcrl",
-        "connect_timeout",
-        "application_name",
-        "options",
-        "target_session_attrs",
-        "keepalives",
-        "keepalives_idle",
-        "keepalives_interval",
-        "keepalives_count",
-    }
-)
 
 _SECRET_OPTION_MARKERS = (
     "secret",
@@ -116,6 +103,7 @@ class FinalCkptSettings:
     target_batch_s: float = DEFAULT_TARGET_BATCH_S
     retention_days: float = 7.0
     attempt_lease_s: float = 60
+    storage_conn_id: str = ""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def masked_store_url(self) -> str:
@@ -136,6 +124,7 @@ class FinalCkptSettings:
             "target_batch_s": repr(self.target_batch_s),
             "retention_days": repr(self.retention_days),
             "attempt_lease_s": repr(self.attempt_lease_s),
+            "storage_conn_id": self.storage_conn_id or "(none)",
         }
         return "\n".join(
             f"{name} = {value} ({self.sources.get(name, 'unknown source')})"
@@ -320,6 +309,16 @@ def parse_storage_options(raw: Any) -> dict[str, Any]:
     return value
 
 
+def parse_conn_id(raw: Any) -> str:
+    """An Airflow connection id, or "" for none."""
+    if not isinstance(raw, str):
+        raise ValueError("must be an Airflow connection id")
+    value = raw.strip()
+    if value and not all(c.isalnum() or c in "_-." for c in value):
+        raise ValueError(f"{value!r} is not an Airflow connection id")
+    return value
+
+
 def parse_positive_seconds(raw: Any) -> float:
     """A finite duration in seconds, > 0."""
     if isinstance(raw, bool):
@@ -375,101 +374,6 @@ def parse_retry_count(raw: Any) -> int:
     if not 0 <= value <= 100:
         raise ValueError(f"must be an integer from 0 to 100, got {raw!r}")
     return value
-
-
-# --------------------------------------------------------------------------- connection
-
-
-def store_url_from_connection(raw: str) -> str:
-    """Turn an Airflow connection (URI or JSON form) into a SQLAlchemy URL string."""
-    text = raw.strip()
-    if text.startswith("{"):
-        try:
-            conn = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"JSON connection is not valid JSON ({exc.msg})") from exc
-        if not isinstance(conn, dict):
-            raise ValueError("JSON connection must be an object")
-        return _url_from_json_connection(conn)
-    return _url_from_uri_connection(text)
-
-
-def _normalize_conn_type(conn_type: Any) -> str:
-    kind = str(conn_type or "").strip().lower().replace("-", "_")
-    if kind in ("postgres", "postgresql", "postgresql+psycopg"):
-        return "postgresql"
-    if kind == "sqlite":
-        return "sqlite"
-    raise ValueError(
-        f"connection type {conn_type!r} cannot hold the coordination store; use postgres or sqlite"
-    )
-
-
-def _libpq_query(extra: Any) -> dict[str, str]:
-    if isinstance(extra, str):
-        if not extra.strip():
-            return {}
-        try:
-            extra = json.loads(extra)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"connection extra is not valid JSON ({exc.msg})") from exc
-    if not extra:
-        return {}
-    if not isinstance(extra, Mapping):
-        raise ValueError("connection extra must be a JSON object")
-    return {str(k): str(v) for k, v in extra.items() if k in LIBPQ_QUERY_PARAMS}
-
-
-def _url_from_json_connection(conn: Mapping[str, Any]) -> str:
-    from sqlalchemy.engine import URL
-
-    kind = _normalize_conn_type(conn.get("conn_type"))
-    if kind == "sqlite":
-        # Airflow's SqliteHook keeps the file path in ``host``.
-        path = conn.get("host") or conn.get("schema")
-        if not path:
-            raise ValueError("sqlite connection names no database file (set host)")
-        return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
-    port = conn.get("port")
-    try:
-        port_number = int(port) if port not in (None, "") else None
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"connection port {port!r} is not a number") from exc
-    url = URL.create(
-        "postgresql+psycopg",
-        username=conn.get("login") or None,
-        password=conn.get("password") or None,
-        host=conn.get("host") or None,
-        port=port_number,
-        database=conn.get("schema") or None,
-        query=_libpq_query(conn.get("extra")),
-    )
-    return url.render_as_string(hide_password=False)
-
-
-def _url_from_uri_connection(text: str) -> str:
-    from sqlalchemy.engine import URL, make_url
-    from sqlalchemy.exc import ArgumentError
-
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        raise ValueError("connection is neither a URI nor a JSON object")
-    kind = _normalize_conn_type(scheme)
-    try:
-        url = make_url(("postgresql+psycopg" if kind == "postgresql" else "sqlite") + "://" + rest)
-    except (ArgumentError, ValueError) as exc:
-        raise ValueError("connection URI cannot be parsed") from exc
-    if kind == "postgresql":
-        query: dict[str, Any] = dict(url.query)
-        extra = query.pop("__extra__", None)
-        filtered = _libpq_query(extra) if extra else {}
-        filtered.update({k: v for k, v in query.items() if k in LIBPQ_QUERY_PARAMS})
-        url = url.set(query=filtered)
-    elif url.host:
-        # Airflow renders a sqlite connection's file path as the URI host: sqlite://%2Fabs%2Fx.db
-        path = unquote(url.host) + (f"/{url.database}" if url.database else "")
-        url = URL.create("sqlite", database=path, query=url.query)
-    return url.render_as_string(hide_password=False)
 
 
 # --------------------------------------------------------------------------- Airflow's config
@@ -534,6 +438,7 @@ PARSERS: dict[str, Parser] = {
     "target_batch_s": parse_positive_seconds,
     "retention_days": parse_retention_days,
     "attempt_lease_s": parse_positive_seconds,
+    "storage_conn_id": parse_conn_id,
 }
 
 
@@ -594,4 +499,16 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> FinalCkptSettin
     sources: dict[str, str] = {}
     for name in PARSERS:
         values[name], sources[name] = resolve_setting(name, overrides)
+    if values["storage_conn_id"]:
+        _add_connection_storage_options(values, sources)
     return FinalCkptSettings(**values, sources=sources)
+
+
+def _add_connection_storage_options(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """The storage connection's options under the explicit ``storage_options`` (which win)."""
+    from airflow_finalckpt.connections.resolve import resolve_storage_options
+
+    conn_id = values["storage_conn_id"]
+    from_connection = resolve_storage_options(conn_id, "checkpoint storage", "fsspec")
+    values["storage_options"] = {**from_connection, **values["storage_options"]}
+    sources["storage_options"] += f" + Airflow connection {conn_id}"

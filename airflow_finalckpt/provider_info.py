@@ -87,6 +87,15 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         "{{}}",
         '{"anon": false}',
     ),
+    "storage_conn_id": _option(
+        "An Airflow connection giving storage_uri's credentials (aws, google_cloud_platform, "
+        "wasb, or any type whose extra holds fsspec storage_options), resolved where the "
+        "settings are (tasks, triggerer, CLI), through the amazon provider's AwsBaseHook when "
+        "installed; storage_options apply over it. Empty: none.",
+        "string",
+        "",
+        "aws_checkpoints",
+    ),
     "checkpoint_interval_s": _option(
         "Seconds between periodic checkpoints of a running pipeline.",
         "float",

@@ -18,7 +18,6 @@ server for the connection; elsewhere only env variables and configured secrets b
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -34,8 +33,9 @@ from airflow_finalckpt.config import (
     load_settings,
     mask_url,
     resolve_setting,
-    store_url_from_connection,
 )
+from airflow_finalckpt.connections.database import database_url
+from airflow_finalckpt.connections.fields import ConnectionFields
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.hooks.masking import mask_task_secrets
@@ -100,20 +100,12 @@ def dispose_engines() -> None:
 
 
 def store_url_from_airflow_connection(conn: Any) -> str:
-    """The SQLAlchemy URL of a Task SDK ``Connection`` (postgres or sqlite type).
+    """The SQLAlchemy URL of a Task SDK ``Connection`` (postgres or sqlite type), through the
+    one conversion the package has (``connections.database``).
 
     Raises ValueError naming the problem (never the password).
     """
-    doc = {
-        "conn_type": conn.conn_type,
-        "host": conn.host,
-        "schema": conn.schema,
-        "login": conn.login,
-        "password": conn.password,
-        "port": conn.port,
-        "extra": conn.extra,
-    }
-    return store_url_from_connection(json.dumps(doc))
+    return database_url(ConnectionFields.of(conn))
 
 
 class FinalCkptHook(BaseHook):

@@ -60,10 +60,11 @@ def sink_secrets(sink: Any) -> list[str]:
             found.extend(option_secrets(value))
         elif isinstance(value, str):
             found.extend(url_secrets(value))
-    fields = getattr(sink, "bound_connection", None)  # an Airflow connection it resolved
-    if fields is not None:
-        found.extend([fields.password] if fields.password else [])
-        found.extend(option_secrets(fields.extra))
+    for attr in ("bound_connection", "bound_storage_connection"):  # connections it resolved
+        fields = getattr(sink, attr, None)
+        if fields is not None:
+            found.extend([fields.password] if fields.password else [])
+            found.extend(option_secrets(fields.extra))
     return found
 
 

@@ -26,6 +26,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_finalckpt.connections.fields import ConnectionFields
+from airflow_finalckpt.connections.storage import storage_options as connection_storage_options
 from airflow_finalckpt.sinks.base import SinkError, check_slice
 from airflow_finalckpt.sinks.commit_retry import CommitConflict, commit_retrying
 from airflow_finalckpt.sinks.staged import (
@@ -98,6 +100,10 @@ class DeltaTableSink(StagedTableSink):
     :param replace_slice: ``{column: value}``, the slice of the table one pipeline run owns
         (templated, e.g. ``{"event_date": "{{ ds }}"}``): the stage's commit replaces its rows
         atomically (needs ``commit_mode="final"``); None appends.
+    :param storage_conn_id: an Airflow connection (``aws``, ``google_cloud_platform``,
+        ``wasb``, or any type whose extra holds fsspec ``storage_options``) giving the object
+        store's credentials, resolved when the task runs: deltalake's keys and fsspec's, under
+        ``storage_options``.
     """
 
     def __init__(
@@ -108,8 +114,10 @@ class DeltaTableSink(StagedTableSink):
         *,
         app_id: str | None = None,
         replace_slice: Mapping[str, Any] | None = None,
+        storage_conn_id: str | None = None,
     ) -> None:
-        super().__init__(sink_id, storage_options)
+        super().__init__(sink_id, storage_options, storage_conn_id)
+        self._delta_options: dict[str, str] = {}
         self.replace_slice = check_slice(sink_id, replace_slice)
         local = "://" not in table_uri or table_uri.startswith("file://")
         path = table_uri.removeprefix("file://")
@@ -123,9 +131,10 @@ class DeltaTableSink(StagedTableSink):
             (
                 self.sink_id,
                 self.table_uri,
-                self.storage_options or None,
+                self._declared_storage_options or None,
                 self.app_id,
                 self.replace_slice,
+                self.storage_conn_id,
             ),
         )
 
@@ -403,8 +412,22 @@ class DeltaTableSink(StagedTableSink):
             ) from exc
         return True
 
+    def _bind_storage_flavor(self, fields: ConnectionFields, who: str) -> None:
+        """The deltalake (object_store) spelling of the connection's credentials."""
+        options = connection_storage_options(fields, "delta", who)
+        self._delta_options = {str(k): str(v) for k, v in options.items()}
+
     def _string_options(self) -> dict[str, str] | None:
-        return {str(k): str(v) for k, v in self.storage_options.items()} or None
+        """The options deltalake gets: the connection's keys, then the sink's (nested fsspec options
+        such as ``client_kwargs`` are not deltalake's).
+        """
+        self._check_storage_bound()
+        given = {
+            str(k): str(v)
+            for k, v in self.storage_options.items()
+            if not isinstance(v, Mapping) and k not in self._connection_storage_options
+        }
+        return {**self._delta_options, **given} or None
 
     # -- readers -----------------------------------------------------------------------------
 
@@ -429,7 +452,13 @@ def _rebuild(
     storage_options: dict[str, Any] | None,
     app_id: str,
     replace_slice: dict[str, Any] | None = None,
+    storage_conn_id: str | None = None,
 ) -> DeltaTableSink:
     return DeltaTableSink(
-        sink_id, table_uri, storage_options, app_id=app_id, replace_slice=replace_slice
+        sink_id,
+        table_uri,
+        storage_options,
+        app_id=app_id,
+        replace_slice=replace_slice,
+        storage_conn_id=storage_conn_id,
     )

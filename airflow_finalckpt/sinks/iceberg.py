@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_finalckpt.connections.storage import storage_options as connection_storage_options
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.pyspark_compat import arrow_schema
 from airflow_finalckpt.sinks.base import SinkError, check_slice
@@ -128,6 +129,10 @@ class IcebergTableSink(StagedTableSink):
         resolved when the task runs: a ``postgres`` / ``sqlite`` connection is a SQL catalog in
         that database; any other type's extra holds the catalog properties (host: ``uri``,
         ``login:password``: ``credential``); the extra's ``storage_options`` add fsspec options.
+    :param storage_conn_id: an Airflow connection (``aws``, ``google_cloud_platform``,
+        ``wasb``, or any type whose extra holds fsspec ``storage_options``) giving the object
+        store's credentials, resolved when the task runs: fsspec options of the staged files and
+        pyiceberg FileIO properties, under ``storage_options`` and the catalog's own.
     """
 
     def __init__(
@@ -141,8 +146,9 @@ class IcebergTableSink(StagedTableSink):
         storage_options: dict[str, Any] | None = None,
         replace_slice: Mapping[str, Any] | None = None,
         catalog_conn_id: str | None = None,
+        storage_conn_id: str | None = None,
     ) -> None:
-        super().__init__(sink_id, storage_options)
+        super().__init__(sink_id, storage_options, storage_conn_id)
         if catalog_conn_id is not None and catalog is not None:
             raise ConfigurationError(
                 f"sink {sink_id!r}: pass either catalog= or catalog_conn_id= (an Airflow "
@@ -151,7 +157,7 @@ class IcebergTableSink(StagedTableSink):
         #: the Airflow connection the catalog comes from (resolved when the task runs)
         self.catalog_conn_id = catalog_conn_id
         self.bound_connection: ConnectionFields | None = None
-        self._declared_storage_options = dict(self.storage_options)
+        self._file_io_properties: dict[str, Any] = {}
         self.replace_slice = check_slice(sink_id, replace_slice)
         if table.count(".") < 1 or not all(table.split(".")):
             raise ConfigurationError(
@@ -208,17 +214,28 @@ class IcebergTableSink(StagedTableSink):
                 properties.setdefault("credential", secret)
         if self.warehouse is not None:
             properties.setdefault("warehouse", self.warehouse)
-        self.storage_options = {**options, **self._declared_storage_options}
+        self._catalog_storage_options = options
+        self._merge_storage_options()
         self._properties, self._catalog_cache = properties, None
         self.bound_connection = fields
 
+    def _bind_storage_flavor(self, fields: ConnectionFields, who: str) -> None:
+        """The FileIO of pyiceberg reads the data files' footers: the keys as its properties."""
+        self._file_io_properties = connection_storage_options(fields, "iceberg", who)
+        self._catalog_cache = None
+
     def _bound_properties(self) -> dict[str, Any]:
-        if self._properties is None:
-            raise ConfigurationError(
-                f"sink {self.sink_id!r}: Airflow connection {self.catalog_conn_id!r} is resolved "
-                "when the stage task runs; bind it first (hooks.sink_connections)"
-            )
-        return self._properties
+        for conn_id, bound in (
+            (self.catalog_conn_id, self._properties is not None),
+            (self.storage_conn_id, self.bound_storage_connection is not None),
+        ):
+            if conn_id and not bound:
+                raise ConfigurationError(
+                    f"sink {self.sink_id!r}: Airflow connection {conn_id!r} is resolved when the "
+                    "stage task runs; bind it first (hooks.sink_connections)"
+                )
+        assert self._properties is not None
+        return {**self._file_io_properties, **self._properties}
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Picklable (shipped to a submitted Spark driver): rebuilt from its arguments; the
@@ -235,6 +252,7 @@ class IcebergTableSink(StagedTableSink):
             "storage_options": self._declared_storage_options,
             "replace_slice": self.replace_slice,
             "catalog_conn_id": self.catalog_conn_id,
+            "storage_conn_id": self.storage_conn_id,
         }
 
     @property

@@ -45,6 +45,7 @@ from airflow_finalckpt.sinks.base import (
 )
 from airflow_finalckpt.sinks.parquet_files import MANIFEST_FORMAT, TableFiles, fsync
 from airflow_finalckpt.sinks.parquet_slices import SliceSwap
+from airflow_finalckpt.sinks.storage_connection import StorageConnectionMixin
 
 if TYPE_CHECKING:
     import pandas
@@ -66,7 +67,7 @@ PUBLISHED_FORMAT = MANIFEST_FORMAT
 ATOMIC_RENAME_PROTOCOLS = frozenset({"file", "local", "hdfs", "viewfs"})
 
 
-class ParquetTableSink(TwoPhaseCommitSink):
+class ParquetTableSink(StorageConnectionMixin, TwoPhaseCommitSink):
     """Two-phase-commit sink writing Parquet files into ``table_uri``.
 
     ``commit_mode`` ``auto`` commits by atomic directory rename on local filesystems and HDFS and
@@ -81,6 +82,9 @@ class ParquetTableSink(TwoPhaseCommitSink):
     :param replace_slice: ``{column: value}``, the slice of the table one pipeline run owns
         (templated, e.g. ``{"event_date": "{{ ds }}"}``): the stage's commit replaces its rows
         atomically (needs ``commit_mode="final"``); None appends.
+    :param storage_conn_id: an Airflow connection (``aws``, ``google_cloud_platform``,
+        ``wasb``, or any type whose extra holds fsspec ``storage_options``) giving the
+        filesystem's credentials, resolved when the task runs, under ``storage_options``.
     """
 
     def __init__(
@@ -91,10 +95,13 @@ class ParquetTableSink(TwoPhaseCommitSink):
         *,
         commit_mode: CommitMode = "auto",
         replace_slice: Mapping[str, Any] | None = None,
+        storage_conn_id: str | None = None,
     ) -> None:
         super().__init__(sink_id)
         self.replace_slice = check_slice(sink_id, replace_slice)
-        fs, root = fsspec.core.url_to_fs(table_uri, **(storage_options or {}))
+        self._init_storage(storage_options, storage_conn_id)
+        self._given_uri = table_uri
+        fs, root = fsspec.core.url_to_fs(table_uri, **self.storage_options)
         root = root.rstrip("/")
         if not root:
             raise ConfigurationError(
@@ -115,6 +122,31 @@ class ParquetTableSink(TwoPhaseCommitSink):
                 f"sink {sink_id!r}: replace_slice swaps a partition directory, which needs a "
                 f"filesystem with atomic directory rename (local, HDFS), not {table_uri!r}"
             )
+
+    def _storage_options_changed(self) -> None:
+        """Reopen the filesystem with the connection's options (``bind_storage_connection``)."""
+        fs, _root = fsspec.core.url_to_fs(self._given_uri, **self.storage_options)
+        self._fs = fs
+        self._files = TableFiles(fs, self.sink_id)
+        self._slices = SliceSwap(self._files, self._root, self.sink_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (shipped to a submitted Spark driver) without what a connection resolved
+        to: the driver binds ``storage_conn_id`` again from its secrets file.
+        """
+        state = dict(self.__dict__)
+        if self.bound_storage_connection is not None:
+            fs, _root = fsspec.core.url_to_fs(self._given_uri, **self._declared_storage_options)
+            files = TableFiles(fs, self.sink_id)
+            state.update(
+                _fs=fs,
+                _files=files,
+                _slices=SliceSwap(files, self._root, self.sink_id),
+                storage_options=dict(self._declared_storage_options),
+                bound_storage_connection=None,
+                _connection_storage_options={},
+            )
+        return state
 
     @property
     def asset_uri(self) -> str:

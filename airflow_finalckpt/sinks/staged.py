@@ -37,6 +37,7 @@ from airflow_finalckpt.sinks.base import (
     TwoPhaseCommitSink,
 )
 from airflow_finalckpt.sinks.parquet_files import fsync
+from airflow_finalckpt.sinks.storage_connection import StorageConnectionMixin
 
 if TYPE_CHECKING:
     import pandas
@@ -141,18 +142,26 @@ def storage_errors(method: Callable[P, R]) -> Callable[P, R]:
     return translated
 
 
-class StagedTableSink(TwoPhaseCommitSink):
+class StagedTableSink(StorageConnectionMixin, TwoPhaseCommitSink):
     """A table-format sink: files staged under the table, published by one table commit."""
 
-    def __init__(self, sink_id: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        sink_id: str,
+        storage_options: dict[str, Any] | None = None,
+        storage_conn_id: str | None = None,
+    ) -> None:
         super().__init__(sink_id)
-        self.storage_options = dict(storage_options or {})
+        self._init_storage(storage_options, storage_conn_id)
         self._fs_cache: fsspec.AbstractFileSystem | None = None
         #: Called with a step name between the steps of a commit or an abort that a crash can
         #: separate (``table-committed``: the table commit is done, the marker not yet;
         #: ``abort-started``: the manifest and one data file are deleted, the rest not yet).
         #: A no-op; the fault campaign injects crashes here.
         self.on_step: Callable[[str], None] = _no_step
+
+    def _storage_options_changed(self) -> None:
+        self._fs_cache = None
 
     # -- what a table format provides -------------------------------------------------------
 

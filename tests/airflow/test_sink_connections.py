@@ -166,3 +166,68 @@ def test_a_missing_connection_fails_the_task_naming_it_and_the_sink(
     task_log = captured.out + "\n" + captured.err + "\n" + caplog.text
     assert "sink 'conn_sql': Airflow connection 'no_such_db' is not defined; create it" in task_log
     assert not (store / "warehouse").exists()  # nothing was written
+
+
+PARQUET_DAG = """
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
+from airflow_finalckpt.sinks import ParquetTableSink
+
+
+def rows(ctx):
+    return ctx.spark.createDataFrame([(s, 1) for s in ctx.splits], "split string, n long")
+
+
+with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+    FinalCheckpointStageOperator(
+        task_id="load",
+        transform=rows,
+        splits=["a", "b"],
+        sinks=[ParquetTableSink("files", TABLE, storage_conn_id=STORAGE_CONN)],
+    )
+"""
+
+
+def test_checkpoint_storage_and_a_parquet_sink_take_their_options_from_connections(
+    airflow_home: Any,
+    store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    write_dag: Callable[..., Any],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """storage_conn_id through a real stage task: the checkpoint storage is ``dir://`` over a
+    local directory that only the connection's options name (without them the storage cannot
+    be opened), and the Parquet sink's filesystem options come from another connection."""
+    import pyarrow.dataset as ds
+
+    suffix = uuid.uuid4().hex[:8]
+    bucket = store / "bucket"
+    bucket.mkdir()
+    options = {"path": str(bucket), "target_protocol": "file", "secret_hint": PLANTED}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CKPT_FS",
+        json.dumps({"conn_type": "generic", "extra": {"storage_options": options}}),
+    )
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", "dir://checkpoints")
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_CONN_ID", "ckpt_fs")
+    sink_options = {"storage_options": {"auto_mkdir": True, "token": PLANTED}}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_FS", json.dumps({"conn_type": "generic", "extra": sink_options})
+    )
+    table = store / "table"
+    dag = write_dag(
+        PARQUET_DAG, DAG_ID=f"conn_storage_{suffix}", TABLE=str(table), STORAGE_CONN="lake_fs"
+    )
+
+    dag_run = dag.test()
+
+    assert str(dag_run.state).endswith("success")
+    assert list((bucket / "checkpoints").rglob("_metadata")), "no checkpoint under the bucket"
+    got = ds.dataset(str(table), format="parquet", exclude_invalid_files=True).to_table()
+    assert sorted(got.column("split").to_pylist()) == ["a", "b"]
+    captured = capfd.readouterr()
+    assert "sink files: connection lake_fs resolved" in captured.out + captured.err
+    assert PLANTED not in captured.out + captured.err

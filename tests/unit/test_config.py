@@ -538,7 +538,8 @@ def test_importing_the_package_modules_does_not_import_airflow() -> None:
         "load_settings({'store_url': 'sqlite:////x.db', 'storage_uri': '/c', "
         "'storage_options': {}, 'checkpoint_interval_s': 1, 'checkpoint_timeout_s': 2, "
         "'retain_checkpoints': 1, 'store_connect_retries': 0, 'store_connect_backoff_s': 1, "
-        "'target_batch_s': 30, 'retention_days': 7, 'attempt_lease_s': 60}); "
+        "'target_batch_s': 30, 'retention_days': 7, 'attempt_lease_s': 60, "
+        "'storage_conn_id': ''}); "
         "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))"
     )
     proc = subprocess.run(

@@ -378,7 +378,9 @@ class SubmitLauncher:
             needed = [STORE_URL_ENV] + ([CODE_KEY_ENV] if self.code_signing_key else [])
             if self._has_secret_options():
                 needed.append(STORAGE_OPTIONS_ENV)
-            needed.extend(connection_env_name(c) for c in self.sink_connections)
+            # keys are conn ids, "storage:<conn id>" for a storage connection
+            conn_ids = dict.fromkeys(c.rpartition(":")[2] for c in self.sink_connections)
+            needed.extend(connection_env_name(c) for c in conn_ids)
             missing = missing_secret_refs(needed, {**spark_defaults(), **self.spark_conf})
             if missing:
                 confs = ", ".join(f"{K8S_SECRET_REF}{n}=<secret>:<key>" for n in missing)
