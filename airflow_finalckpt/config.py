@@ -504,6 +504,16 @@ def load_settings(overrides: Mapping[str, Any] | None = None) -> FinalCkptSettin
     return FinalCkptSettings(**values, sources=sources)
 
 
+def storage_options_with_connection() -> dict[str, Any]:
+    """``storage_options`` with ``storage_conn_id``'s options under them, without resolving the
+    other settings (a quick command's checkpoint storage).
+    """
+    values = {name: resolve_setting(name)[0] for name in ("storage_options", "storage_conn_id")}
+    if values["storage_conn_id"]:
+        _add_connection_storage_options(values, {"storage_options": ""})
+    return dict(values["storage_options"])
+
+
 def _add_connection_storage_options(values: dict[str, Any], sources: dict[str, str]) -> None:
     """The storage connection's options under the explicit ``storage_options`` (which win)."""
     from airflow_finalckpt.connections.resolve import resolve_storage_options

@@ -168,12 +168,11 @@ def _storage_or_none() -> CheckpointStorage | None:
     stays quick); None when they cannot be read (progress still shows splits, without batch
     throughput).
     """
-    from airflow_finalckpt.config import resolve_setting
+    from airflow_finalckpt.config import resolve_setting, storage_options_with_connection
 
     try:
         uri, _ = resolve_setting("storage_uri")
-        options, _ = resolve_setting("storage_options")
-        return CheckpointStorage(str(uri), options)
+        return CheckpointStorage(str(uri), storage_options_with_connection())
     except Exception:
         return None
 

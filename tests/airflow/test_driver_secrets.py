@@ -204,3 +204,42 @@ def test_a_conn_id_sink_reaches_the_driver_through_the_secrets_file_only(
     k8s.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
     with pytest.raises(ConfigurationError, match=r"secretKeyRef\.AIRFLOW_CONN_WAREHOUSE_DB="):
         k8s.make_hook(job, "spec.json")
+
+
+def test_a_storage_conn_id_sink_reaches_the_driver_through_the_secrets_file_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: a Parquet sink's storage connection, resolved by the task, travels in the
+    secrets file as ``storage:<id>``; code.pkl holds its id only; a Kubernetes cluster-mode
+    driver must get ``AIRFLOW_CONN_<ID>`` from a Secret."""
+    import pickle
+
+    from airflow_finalckpt.hooks.sink_connections import bind_sink_connections
+    from airflow_finalckpt.sinks import ParquetTableSink
+    from airflow_finalckpt.spark.secrets import open_code
+
+    extra = {"storage_options": {"token": PASSWORD}}
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_FS", json.dumps({"conn_type": "generic", "extra": extra}))
+    sink = ParquetTableSink("files", f"memory://{tmp_path.name}/t", storage_conn_id="lake_fs")
+    assert bind_sink_connections([sink]) == 1
+    made = launcher(tmp_path, "spark://m:7077", "client", code_signing_key="k-123456")
+    spec = StageSpec(pipeline_key="p", stage_id="s", splits=("a",), batch_size=1)
+    job, code = made.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
+    assert code is not None
+    opened = open_code(code, code_key("k-123456", STORE), "code.pkl")
+    assert PASSWORD.encode() not in opened
+    files = driver_job.Files(made.storage, job.pipeline_key, job.stage_id)
+    hook = made.make_hook(job, files.write(job.submission_id, "spec.json", job.to_json()))
+    hook.submit("driver.py")
+    assert hook.secrets_seen is not None
+    assert hook.secrets_seen["sink_connections"]["storage:lake_fs"]["extra"] == extra
+    (shipped,) = pickle.loads(opened)["sinks"]
+    monkeypatch.delenv("AIRFLOW_CONN_LAKE_FS")
+    driver._bind_connections(StageCode(transform=transform, sinks=(shipped,)), hook.secrets_seen)
+    assert shipped.storage_options == {"token": PASSWORD}
+    made.cleanup_secrets()
+
+    k8s = launcher(tmp_path, "k8s://https://kube:6443", "cluster")
+    k8s.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
+    with pytest.raises(ConfigurationError, match=r"secretKeyRef\.AIRFLOW_CONN_LAKE_FS="):
+        k8s.make_hook(job, "spec.json")

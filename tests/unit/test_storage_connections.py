@@ -18,7 +18,7 @@ import fsspec
 import pyarrow as pa
 import pytest
 
-from airflow_finalckpt.config import load_settings
+from airflow_finalckpt.config import load_settings, storage_options_with_connection
 from airflow_finalckpt.connections.fields import ConnectionFields
 from airflow_finalckpt.connections.storage import storage_options
 from airflow_finalckpt.core.errors import ConfigurationError
@@ -153,6 +153,7 @@ def test_checkpoint_storage_takes_its_options_from_storage_conn_id(
     fs.pipe_file(f"{root}/probe", b"x")  # the real directory under the connection's path
     assert (base / "checkpoints" / "probe").read_bytes() == b"x"
     assert storage is not None
+    assert storage_options_with_connection() == settings.storage_options  # the CLI's progress
 
     monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_CONN_ID", "no_such_storage")
     with pytest.raises(ConfigurationError) as info:
@@ -219,3 +220,56 @@ def test_delta_and_iceberg_sinks_take_the_table_library_spelling(
     assert properties["type"] == "sql"
     assert connection_secrets([iceberg]) == {"storage:lake_s3": aws.to_json()}
     assert PLANTED.encode() not in pickle.dumps(iceberg)
+
+
+def test_an_aws_profile_connection_resolves_through_the_amazon_providers_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only where apache-airflow-providers-amazon is installed (not a dependency, not in CI's
+    venvs: docs/sinks.md): a connection naming a profile holds no key; AwsBaseHook reads the
+    profile from the shared credentials file and the sink gets its keys."""
+    pytest.importorskip("airflow.providers.amazon.aws.hooks.base_aws")
+    from airflow_finalckpt.connections.resolve import resolve_storage_options
+
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[lake]\naws_access_key_id = AKIAPROFILE\naws_secret_access_key = {PLANTED}\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    _env_conn(
+        monkeypatch,
+        "lake_profile",
+        {"conn_type": "aws", "extra": {"profile_name": "lake", "region_name": "eu-west-1"}},
+    )
+    fields = ConnectionFields.from_env("lake_profile")
+    assert fields is not None and storage_options(fields, "fsspec", "t") == {
+        "client_kwargs": {"region_name": "eu-west-1"}
+    }  # the generic mapping alone has no key
+
+    assert resolve_storage_options("lake_profile", "t", "fsspec") == {
+        "key": "AKIAPROFILE",
+        "secret": PLANTED,
+        "client_kwargs": {"region_name": "eu-west-1"},
+    }
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "postgresql://user:p%40ss%2Fw@db.example:6543/coord?sslmode=require&cursor=dictcursor",
+        'postgres://u@Host.Example/db?__extra__={"sslmode": "verify-full", "iam": true}',
+        "sqlite:////abs/path.db",
+        "sqlite://%2Fabs%2FPath.db",
+        "aws://AKIA:se%2Fcret@/?region_name=eu-west-1&endpoint_url=http%3A%2F%2Fminio%3A9000",
+        "google-cloud-platform://?key_path=%2Fkeys%2Fsa.json&project=p1",
+    ],
+)
+def test_the_fallback_parser_reads_uris_as_airflows_connection_api(uri: str) -> None:
+    """Where Airflow is absent (a Spark driver) ``AIRFLOW_CONN_*`` is parsed without it: the
+    same fields as Airflow's own ``Connection.from_uri``, which is used wherever it exists."""
+    from airflow.sdk.definitions.connection import Connection
+
+    from airflow_finalckpt.connections.fields import _from_uri
+
+    assert _from_uri("c", uri) == ConnectionFields.of(Connection.from_uri(uri, conn_id="c"))
