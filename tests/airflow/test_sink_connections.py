@@ -231,3 +231,18 @@ def test_checkpoint_storage_and_a_parquet_sink_take_their_options_from_connectio
     captured = capfd.readouterr()
     assert "sink files: connection lake_fs resolved" in captured.out + captured.err
     assert PLANTED not in captured.out + captured.err
+    # the connections' options are in no log file, checkpoint file, XCom or trigger row
+    from airflow.models.trigger import Trigger
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    for root in (airflow_home.logs_folder, bucket):
+        assert not [
+            p for p in root.rglob("*") if p.is_file() and PLANTED.encode() in p.read_bytes()
+        ]
+    with create_session() as session:
+        xcoms = session.scalars(select(XComModel).where(XComModel.dag_id == dag.dag_id)).all()
+        assert PLANTED not in json.dumps([XComModel.deserialize_value(x) for x in xcoms])
+        triggers = session.scalars(select(Trigger)).all()
+        assert PLANTED not in json.dumps([t.kwargs for t in triggers], default=str)
