@@ -16,6 +16,9 @@ Benchmarks (``--only`` takes a name or its alias, repeatable):
     stop_latency              (stop)      stop request -> savepoint complete (drain / savepoint)
     steady_state_overhead_x10 (overhead_x10)  the same on 365 days x10 rows (3.4 M flights);
                                           only with --only (not in the default suite)
+    airflow_real              (airflow)   the example DAG vs plain @task.pyspark tasks on a real
+                                          Airflow, cold and warm, per stage, with a profile of
+                                          each stage task; only with --only (~15 min quiet)
 """
 
 from __future__ import annotations
@@ -78,6 +81,12 @@ def _stop(quick: bool) -> Result:
     return stop_latency.run(quick)
 
 
+def _airflow(quick: bool) -> Result:
+    from benchmarks import airflow_real
+
+    return airflow_real.run(quick)
+
+
 def _waiters(quick: bool) -> Result:
     from benchmarks import triggerer_load
 
@@ -95,9 +104,10 @@ BENCHMARKS: dict[str, tuple[str, Callable[[bool], Result]]] = {
     "stop_latency": ("stop", _stop),
     "steady_state_overhead_x10": ("overhead_x10", _overhead_x10),
     "sinks": ("sinks", lambda quick: __import__("benchmarks.sinks").sinks.run(quick)),
+    "airflow_real": ("airflow", _airflow),
 }
 #: Run only when asked for with ``--only`` (too long for the 25-minute suite).
-OPT_IN = ("steady_state_overhead_x10", "sinks")
+OPT_IN = ("steady_state_overhead_x10", "sinks", "airflow_real")
 
 
 def resolve(names: list[str] | None) -> list[str]:
