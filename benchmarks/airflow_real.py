@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ WARMUP_DAG = "bench_warmup"
 #: Categories of ``airflow_profile`` that are Spark's work (both sides do it); the rest of a
 #: stage task's seconds are outside Spark.
 SPARK_PARTS = ("spark_session", "spark_work", "sink_write", "state_io", "spark_stop")
+#: Parts inside others (shown, never added): the DAG parse is in ``task_start``, the split
+#: batches in ``spark_work``.
+SHOWN_ONLY = ("dag_parse", "batches")
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,16 @@ def parse_profiles(log_text: str) -> list[dict[str, Any]]:
     return docs
 
 
+_BATCH_LINE = re.compile(r"after batch \S+ \(\d+ splits in ([0-9.]+)s")
+
+
+def batch_seconds(log_text: str) -> float:
+    """Seconds of our stage's split batches, from the runtime's "after batch" log lines (the
+    rest of its Spark work is building the transform's frame for the plan check, the first
+    Spark job's warm-up and finish)."""
+    return sum(float(m.group(1)) for m in _BATCH_LINE.finditer(log_text))
+
+
 def _phase_parts(doc: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """One execute's seconds by category; ``spark_work`` (ours: the batches; plain: the
     callable) or ``close_other`` (``execute_complete``) is what no category took."""
@@ -139,13 +153,17 @@ def _add(into: dict[str, float], parts: Mapping[str, float]) -> None:
         into[key] = into.get(key, 0.0) + value
 
 
-def breakdown(ti: Mapping[str, Any], docs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def breakdown(
+    ti: Mapping[str, Any], docs: Sequence[Mapping[str, Any]], batches_s: float = 0.0
+) -> dict[str, float]:
     """A stage task's wall time (start -> end of its task instance) split into parts that add
     up to it: ``task_start`` (process start, DAG parse, up to ``execute``), the categories of
     ``execute``, and for a task deferred on its final checkpoint ``defer_wait`` (from the
     deferral to the resumed task's process start: the checkpoint, the trigger, the scheduler),
     ``resume_start`` and the ``close_*`` categories of ``execute_complete``; ``task_end`` (after
-    the last execute: the return value's XCom, the final state). Empty without profile lines.
+    the last execute: the return value's XCom, the final state). ``batches`` (ours: the split
+    batches' seconds, part of ``spark_work``) and ``dag_parse`` (part of ``task_start``) are
+    shown, not added. Empty without profile lines.
     """
     start, end = timestamp(ti.get("start_date")), timestamp(ti.get("end_date"))
     first = next((d for d in docs if d.get("phase") == "execute"), None)
@@ -156,6 +174,8 @@ def breakdown(ti: Mapping[str, Any], docs: Sequence[Mapping[str, Any]]) -> dict[
     if parse > 0:
         parts["dag_parse"] = parse  # inside task_start, not added again to the total
     _add(parts, _phase_parts(first))
+    if batches_s > 0:
+        parts["batches"] = batches_s
     last = first
     resumed = next((d for d in docs if d.get("phase") == "execute_complete"), None)
     if first.get("outcome") == "deferred" and resumed is not None:
@@ -170,7 +190,7 @@ def breakdown(ti: Mapping[str, Any], docs: Sequence[Mapping[str, Any]]) -> dict[
 
 def outside_spark(parts: Mapping[str, float]) -> float:
     """Seconds of a stage task outside Spark's work (``dag_parse`` is inside ``task_start``)."""
-    return sum(v for k, v in parts.items() if k not in SPARK_PARTS and k != "dag_parse")
+    return sum(v for k, v in parts.items() if k not in (*SPARK_PARTS, *SHOWN_ONLY))
 
 
 @dataclass
@@ -238,22 +258,26 @@ def measure(cluster: Any, step: Step, work: Path, serial: int) -> Sample:
     sample.stage_s, sample.sched_s = stage_times(tis)
     for ti in tis:
         if ti["task_id"] in STAGES:
-            sample.profile[ti["task_id"]] = breakdown(ti, _profiles(cluster, step, run_id, ti))
+            sample.profile[ti["task_id"]] = _stage_profile(cluster, step, run_id, ti)
     sample.output_rows = _output_rows(step.side, out) - before
     return sample
 
 
-def _profiles(cluster: Any, step: Step, run_id: str, ti: Mapping[str, Any]) -> list[Any]:
-    """The task's profile lines through the REST API; from its log files when the API's log
-    lacks the part after a deferral."""
+def _stage_profile(
+    cluster: Any, step: Step, run_id: str, ti: Mapping[str, Any]
+) -> dict[str, float]:
+    """The task's breakdown from its log through the REST API; from its log files when the
+    API's log lacks the part after a deferral."""
     task_id, tries = ti["task_id"], ti["try_number"]
-    docs = parse_profiles(cluster.logs(step.dag_id, run_id, task_id, tries))
+    text = cluster.logs(step.dag_id, run_id, task_id, tries)
+    docs = parse_profiles(text)
     phases = [d.get("phase") for d in docs]
-    if "execute_complete" in phases or not any(d.get("outcome") == "deferred" for d in docs):
-        return docs
-    folder = cluster.logs_dir / f"dag_id={step.dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
-    text = "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("attempt=*.log")))
-    return parse_profiles(text) or docs
+    if "execute_complete" not in phases and any(d.get("outcome") == "deferred" for d in docs):
+        folder = cluster.logs_dir / f"dag_id={step.dag_id}" / f"run_id={run_id}"
+        files = sorted((folder / f"task_id={task_id}").glob("attempt=*.log"))
+        text = "\n".join(p.read_text(errors="replace") for p in files)
+        docs = parse_profiles(text) or docs
+    return breakdown(ti, docs, batch_seconds(text))
 
 
 def _cluster_env(work: Path, store_url: str, dags: Sequence[str]) -> dict[str, str]:
@@ -412,3 +436,76 @@ def _ratios(result: Result, kind: str, ours: Any, plain: Any) -> None:
             f"1-minute load up to {max(ours.medians['load_1m'], plain.medians['load_1m']):.1f}",
         )
     )
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _median_of(doc: Mapping[str, Any], case: str, metric: str) -> float | None:
+    for c in doc.get("cases", []):
+        if c["name"] == case:
+            value = c["medians"].get(metric)
+            return None if value is None else float(value)
+    return None
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def times_table(doc: Mapping[str, Any]) -> str:
+    """Whole DAG and per task: medians per side and kind, and ours/plain."""
+    lines = [
+        "| median s | cold ours | cold plain | ours/plain | warm ours | warm plain | ours/plain |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, metric in [("whole DAG run", "seconds")] + [(t, f"{t}_s") for t in TASKS]:
+        cells = []
+        for kind in KINDS:
+            ours = _median_of(doc, f"ours/{kind}", metric)
+            plain = _median_of(doc, f"plain/{kind}", metric)
+            shown = f"{ours / plain:.3f}" if ours is not None and plain else "-"
+            cells += [_cell(ours), _cell(plain), f"**{shown}**"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _parts_of(doc: Mapping[str, Any], kind: str) -> list[str]:
+    names: set[str] = set()
+    for c in doc.get("cases", []):
+        if c["name"].endswith(f"/{kind}"):
+            for metric in c["medians"]:
+                if metric.startswith("profile/"):
+                    names.add(metric.split("/")[2].removesuffix("_s"))
+    order = ["task_start", "dag_parse", "store_setup", "db_connect", "coordinator", "hints"]
+    order += ["xcom", "sink_2pc", *SPARK_PARTS, "batches", "defer_wait", "resume_start"]
+    return [n for n in order if n in names] + sorted(n for n in names if n not in order)
+
+
+def profile_table(doc: Mapping[str, Any], kind: str = "warm") -> str:
+    """Per stage task, ``ours / plain`` median seconds of each part of its wall time."""
+    lines = ["| part (median s) | " + " | ".join(STAGES) + " |", "|---" * (len(STAGES) + 1) + "|"]
+    rows = [(p, f"profile/{{stage}}/{p}_s") for p in _parts_of(doc, kind)]
+    rows += [("**outside Spark**", "outside_spark/{stage}_s"), ("**task wall**", "{stage}_s")]
+    for label, template in rows:
+        cells = []
+        for stage in STAGES:
+            metric = template.format(stage=stage)
+            ours = _median_of(doc, f"ours/{kind}", metric)
+            plain = _median_of(doc, f"plain/{kind}", metric)
+            cells.append(f"{_cell(ours)} / {_cell(plain)}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the tables of a results file, for docs/benchmarks.md
+    import sys
+
+    source = (
+        Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "benchmarks/results/airflow_real.json"
+    )
+    results = json.loads(source.read_text())
+    print(times_table(results))
+    for kind in KINDS:
+        print(f"\n{kind}: ours / plain\n")
+        print(profile_table(results, kind))

@@ -16,11 +16,14 @@ from benchmarks.airflow_real import (
     Sample,
     Step,
     abba_schedule,
+    batch_seconds,
     breakdown,
     outside_spark,
     parse_profiles,
+    profile_table,
     report,
     stage_times,
+    times_table,
 )
 from benchmarks.common import Result
 
@@ -92,6 +95,12 @@ def test_breakdown_of_a_deferred_stage_adds_up_to_its_task_instance() -> None:
     assert total == pytest.approx(33.0)
     # outside Spark: everything but the session, the batches (and sink writes, state files)
     assert outside_spark(parts) == pytest.approx(33.0 - 6.0 - 12.4)
+    line = "2026-11-27T21:00:20Z [info] stage publish: 1/1 splits (100%) after batch 2013-01-01-n1"
+    text = f"{line} (1 splits in 8.25s; 0.3 MB/s + 0.00s per batch)\n{line} (2 splits in 1.5s)"
+    assert batch_seconds(text) == pytest.approx(9.75)
+    with_batches = breakdown(ti, docs, batch_seconds(text))
+    assert with_batches["batches"] == pytest.approx(9.75)  # inside spark_work: not added
+    assert outside_spark(with_batches) == pytest.approx(outside_spark(parts))
 
 
 def test_breakdown_of_a_plain_task_and_of_a_log_without_profile_lines() -> None:
@@ -160,6 +169,11 @@ def test_report_judges_the_medians_of_the_abba_samples() -> None:
     case = next(c for c in result.cases if c.name == "ours/warm")
     assert case.medians["profile/ingest/task_start_s"] == 1.0
     assert case.medians["outside_spark/ingest_s"] == 1.0
+    doc = {"cases": [c.to_json() for c in result.cases]}
+    assert "| whole DAG run | 115.0 | 100.0 | **1.150** | 104.0 | 100.0 | **1.040** |" in (
+        times_table(doc)
+    )
+    assert "| task_start | 1.0 / 1.0 | - / - | - / - | - / - |" in profile_table(doc, "warm")
     samples[0].whole_s = 130.0  # cold ours median 120: 1.20 misses, and says so
     missed = Result("airflow_real")
     report(missed, samples)
