@@ -397,6 +397,11 @@ def report(result: Result, samples: Sequence[Sample], *, startup_s: float = 0.0)
     loads = [x for s in samples for x in s.load_1m]
     if loads:
         result.medians["load_1m_min"], result.medians["load_1m_max"] = min(loads), max(loads)
+        result.notes.append(
+            f"1-minute load average {min(loads):.1f} to {max(loads):.1f} at the runs' starts and "
+            f"ends ({os.cpu_count()} cores): above ~2 the machine was shared, compare the paired "
+            "samples and their loads, not the seconds"
+        )
     for kind in KINDS:
         cases = {}
         for side in SIDES:
