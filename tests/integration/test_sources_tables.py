@@ -147,3 +147,69 @@ def test_iceberg_passes_over_a_compaction_snapshot(monkeypatch: pytest.MonkeyPat
     history.snapshots[5] = _Snapshot(5, 4, "overwrite")
     with pytest.raises(SourceRefusedError, match=r"snapshot 5 \(overwrite\)"):
         source.list_new(advance(cursor, rng, rng.splits))
+
+
+def test_delta_change_data_feed_passes_deletes_over_and_refuses_updates(tmp_path: Path) -> None:
+    """With the feed: a delete (rewriting the survivors into a new file, or removing a whole
+    file) and a compaction add no rows; an update in the range is refused, naming it."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from airflow_finalckpt.sources.delta import CDF_PROPERTY
+
+    uri = str(tmp_path / "delta")
+    write_deltalake(uri, rows(0, 3), configuration={CDF_PROPERTY: "true"})  # v0
+    write_deltalake(uri, rows(3, 3), mode="append")  # v1
+    source = DeltaAppends(uri)
+    cursor = new_cursor("c", source.kind)
+    first = plan_range(cursor, source.list_new(cursor))
+    assert sorted(_ids(first.splits)) == list(range(6))
+    cursor = advance(cursor, first, first.splits)
+    DeltaTable(uri).delete("id = 1")  # v2: 0 and 2 rewritten into a new file
+    DeltaTable(uri).delete("id >= 3")  # v3: a whole file removed
+    write_deltalake(uri, rows(6, 2), mode="append")  # v4
+    assert DeltaTable(uri).optimize.compact()["numFilesRemoved"] == 2  # v5
+    DeltaTable(uri).delete("id = 6")  # v6: in the same range as the append of 6
+    second = plan_range(cursor, source.list_new(cursor))
+    assert second.end == 6 == DeltaTable(uri).version()
+    assert sorted(_ids(second.splits)) == [6, 7]  # 6 was appended, then deleted: read once
+    cursor = advance(cursor, second, second.splits)
+    DeltaTable(uri).update(updates={"value": "0"}, predicate="id = 7")  # v7
+    with pytest.raises(
+        SourceRefusedError,
+        match=r"version 7 changes rows already published \(update_postimage, update_preimage",
+    ):
+        source.list_new(cursor)
+
+
+def test_delta_change_data_feed_refuses_an_overwrite(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    from airflow_finalckpt.sources.delta import CDF_PROPERTY
+
+    uri = str(tmp_path / "delta")
+    write_deltalake(uri, rows(0, 3), configuration={CDF_PROPERTY: "true"})
+    source = DeltaAppends(uri)
+    first = plan_range(new_cursor("c", source.kind), source.list_new(new_cursor("c", "delta")))
+    cursor = advance(new_cursor("c", source.kind), first, first.splits)
+    write_deltalake(uri, rows(1, 3), mode="overwrite")  # 1 and 2 survive: not new rows
+    with pytest.raises(
+        SourceRefusedError, match=r"version 1 changes rows already published \(delete, insert"
+    ):
+        source.list_new(cursor)
+
+
+def test_delta_without_the_feed_refuses_a_delete_and_names_the_way(tmp_path: Path) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    uri = str(tmp_path / "delta")
+    write_deltalake(uri, rows(0, 3))
+    DeltaTable(uri).delete("id = 1")
+    with pytest.raises(SourceRefusedError, match=r"delta.enableChangeDataFeed=true on the table"):
+        DeltaAppends(uri).list_new(new_cursor("c", "delta"))
+
+
+def _ids(splits: list[str]) -> list[int]:
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(s.removeprefix("file://")) for s in splits]
+    return pa.concat_tables(tables).column("id").to_pylist() if tables else []
