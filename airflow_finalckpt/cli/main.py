@@ -26,6 +26,7 @@ from airflow_finalckpt.cli._shared import (
 from airflow_finalckpt.cli.checkpoints import checkpoints
 from airflow_finalckpt.cli.progress import progress
 from airflow_finalckpt.cli.retention import gc, pipelines
+from airflow_finalckpt.cli.sources import sources
 from airflow_finalckpt.cli.stop import reset, restore, resume, status, stop
 from airflow_finalckpt.config import mask_url
 
@@ -151,3 +152,4 @@ main.add_command(resume)
 main.add_command(restore)
 main.add_command(status)
 main.add_command(reset)
+main.add_command(sources)

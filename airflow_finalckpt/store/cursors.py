@@ -284,3 +284,56 @@ def release_ranges(conn: Connection, pipeline_key: str) -> int:
         )
     )
     return int(result.rowcount or 0)
+
+
+def describe_cursors(
+    engine: Engine, cursor_id: str | None = None, *, history: bool = False
+) -> list[dict[str, Any]]:
+    """Every cursor (or the one named), as ``finalckpt sources list|show`` print it: its
+    position, how many files it read beyond it, its advances, the ranges open on it and, with
+    ``history``, every range recorded on it (oldest first, with their split ids). Read-only.
+    """
+    query = select(t.source_cursors).order_by(t.source_cursors.c.cursor_id)
+    if cursor_id is not None:
+        query = query.where(t.source_cursors.c.cursor_id == cursor_id)
+    docs: list[dict[str, Any]] = []
+    with engine.connect() as conn:
+        for row in conn.execute(query).mappings().all():
+            cursor = _cursor(row)
+            recorded = recorded_ranges(conn, cursor.cursor_id)
+            doc: dict[str, Any] = {
+                "cursor_id": cursor.cursor_id,
+                "kind": cursor.kind,
+                "position": cursor.position,
+                "consumed_files": len(cursor.consumed),
+                "version": cursor.version,
+                "advanced_by": row["advanced_by"],
+                "updated_at": row["updated_at"],
+                "ranges": len(recorded),
+                "open_ranges": [
+                    _range_doc(r, splits=False) for r in recorded if r.state is RangeState.OPEN
+                ],
+            }
+            if history:
+                doc["history"] = [_range_doc(r, splits=True) for r in recorded]
+            docs.append(doc)
+    return docs
+
+
+def _range_doc(record: RecordedRange, *, splits: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "pipeline_key": record.pipeline_key,
+        "stage_id": record.stage_id,
+        "state": record.state.value,
+        "dag_id": record.dag_id,
+        "run_id": record.run_id,
+        "logical_date": record.logical_date,
+        "start": record.range.start,
+        "end": record.range.end,
+        "cursor_version": record.range.cursor_version,
+        "files": len(record.range.files),
+        "read": None if record.read is None else len(record.read),
+    }
+    if splits:
+        doc["splits"] = record.range.splits
+    return doc
