@@ -131,7 +131,7 @@ def plan_runs(seed: int, runs: int) -> list[RunPlan]:
                 where = rng.choice(KILL_POINTS[category])
                 # the second batch or commit, where there is one (a range of one file has one)
                 nth = 2 if where.endswith(("batch", "commit")) and rng.random() < 0.3 else 1
-                attempts.append((append_at, Kill(where, nth, round(rng.uniform(0.05, 1.2), 2))))
+                attempts.append((append_at, Kill(where, nth, round(rng.uniform(0.02, 0.6), 2))))
             churn = (*CHURN, None)[index % 3] if kind == "delta" else None
             plans.append(RunPlan(kind, index, rng.randint(0, 2), tuple(attempts), churn))
     return plans
@@ -158,11 +158,11 @@ class Writer:
             Path(source_dir(self.root, kind)).mkdir(parents=True)
             self.next_id[kind] = 0
             self.written[kind] = []
-        catalog = self._catalog()
+        catalog = self.catalog()
         catalog.create_namespace(ICEBERG_TABLE.split(".")[0])
         catalog.create_table(ICEBERG_TABLE, schema=self._rows(0).schema)
 
-    def _catalog(self) -> Any:
+    def catalog(self) -> Any:
         from pyiceberg.catalog import load_catalog
 
         where = source_dir(self.root, "iceberg")
@@ -186,7 +186,7 @@ class Writer:
         table = self._rows(first)
         where = source_dir(self.root, kind)
         if kind == "iceberg":
-            self._catalog().load_table(ICEBERG_TABLE).append(table)
+            self.catalog().load_table(ICEBERG_TABLE).append(table)
         elif kind == "delta":
             from deltalake import write_deltalake
 
@@ -216,6 +216,16 @@ class Writer:
 # ------------------------------------------------------------------------------ attempts
 
 _context: Any = None
+#: What every attempt imports (pyiceberg's SQL catalog alone takes a second or more).
+PRELOAD = (
+    "pandas",
+    "pyarrow.parquet",
+    "sqlalchemy",
+    "pyiceberg.catalog.sql",
+    "pyiceberg.table",
+    "deltalake",
+    "tests.integration.incremental_attempt",
+)
 
 
 def process_context() -> Any:
@@ -223,9 +233,7 @@ def process_context() -> Any:
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(
-            ["pandas", "pyarrow.parquet", "sqlalchemy", "tests.integration.incremental_attempt"]
-        )
+        _context.set_forkserver_preload(list(PRELOAD))
     return _context
 
 
@@ -314,7 +322,7 @@ def expected_rows(root: str, kind: str) -> pa.Table:
     """The raw input as its own reader sees it (not through the incremental sources)."""
     where = source_dir(root, kind)
     if kind == "iceberg":
-        return Writer(root)._catalog().load_table(ICEBERG_TABLE).scan().to_arrow()
+        return Writer(root).catalog().load_table(ICEBERG_TABLE).scan().to_arrow()
     if kind == "delta":  # every row ever appended: the inserts of its change data feed
         import duckdb
         from deltalake import DeltaTable

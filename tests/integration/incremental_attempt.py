@@ -187,7 +187,7 @@ def run_pipeline(job: AttemptJob, fault: Callable[[str, str], None]) -> list[str
             logic,
             [sink] if stage_id == "publish" else [],
             output_handle=logic.output_handle if stage_id == "read" else None,
-            fault=lambda point, stage_id=stage_id: fault(stage_id, point),  # type: ignore[misc]
+            fault=lambda point, stage_id=stage_id: fault(stage_id, point),
         )
         runner.run()
         deadline = time.monotonic() + 60

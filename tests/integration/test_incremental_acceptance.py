@@ -3,11 +3,10 @@ directory, a writer appending between and during runs, real SIGKILLs of the atte
 in the source stage, in the commit, between the commit and the cursor's advance, after it and
 at a random time; every input row is published exactly once (duckdb over the raw inputs).
 
-``FINALCKPT_INCREMENTAL_RUNS`` (default 5 per source, to keep CI short: each series' first
-attempts then die once in each category; 10 is the issue's size) and
-``FINALCKPT_INCREMENTAL_SEED`` (default 30) size and replay it; ``python -m
-tests.integration.incremental_acceptance --runs 10 --seed S`` runs it outside pytest
-(docs/sources.md has the figures).
+``FINALCKPT_INCREMENTAL_RUNS`` (default 10 per source: the issue's size; from 5 on, each
+series' first attempts die once in each category) and ``FINALCKPT_INCREMENTAL_SEED`` (default
+30) size and replay it; ``python -m tests.integration.incremental_acceptance --runs 10 --seed
+S`` runs it outside pytest (docs/sources.md has the figures).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from tests.integration.incremental_acceptance import (
 from tests.integration.incremental_attempt import KINDS, make_sink
 
 pytestmark = pytest.mark.slow
-RUNS = int(os.environ.get("FINALCKPT_INCREMENTAL_RUNS", "5"))
+RUNS = int(os.environ.get("FINALCKPT_INCREMENTAL_RUNS", "10"))
 SEED = int(os.environ.get("FINALCKPT_INCREMENTAL_SEED", "30"))
 
 
