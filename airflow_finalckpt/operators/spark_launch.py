@@ -7,6 +7,7 @@ A mixin of the stage operator, kept apart so the operator module holds the task'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_finalckpt.hooks.masking import code_signing_key
@@ -40,9 +41,8 @@ class SparkLaunchMixin:
     spark_deploy_mode: str | None
     log: Any  # BaseOperator's task logger
     _spark: SparkSession | None
-
-    def _closer(self, coordinator: Coordinator, epoch: int | None) -> StageCloser:
-        raise NotImplementedError  # the operator's
+    #: the operator's: closes the stage once its final checkpoint has committed
+    _closer: Callable[[Coordinator, int | None], StageCloser]
 
     def _spark_session(self) -> SparkSession:
         """The in-process session: ``local[*]``, a cluster master (client mode) or, for an
