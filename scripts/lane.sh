@@ -52,6 +52,8 @@ case "$lane" in
       tests/integration/test_sinks_sql_spark.py
       tests/integration/test_sinks_lakehouse.py
     )
+    # no CDS archive (tests/spark_cds.py): the task side here runs the newest lane's pyspark
+    export FINALCKPT_E2E_CDS=0
     # the task side's pickles come from the newest lane's pyspark 4.x (tests/spark35)
     if [ -x .venv/bin/python ]; then
       export FINALCKPT_TASK_SIDE_PYTHON=${FINALCKPT_TASK_SIDE_PYTHON:-$PWD/.venv/bin/python}

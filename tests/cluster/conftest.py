@@ -220,7 +220,7 @@ class StandaloneCluster:
             daemon.kill(signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A running standalone master with two registered workers (1 core, 1 GiB each)."""
     if shutil.which("java") is None:
@@ -242,7 +242,7 @@ class ConnectServer:
     daemon: Daemon
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
     """A local Spark Connect server (``local[1]``) from the pyspark distribution's connect jar."""
     jars = os.listdir(os.path.join(SPARK_HOME, "jars"))

@@ -40,7 +40,7 @@ from urllib.parse import quote
 import httpx
 import psutil
 
-from .spark_cds import spark_cds_option
+from tests.spark_cds import with_spark_cds
 
 MARKER_ENV = "FINALCKPT_E2E_CLUSTER"
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -373,7 +373,8 @@ class AirflowCluster:
         self.startup_seconds: float | None = None
         self.startup_phases: dict[str, float] = {}
         self.spark_cds_seconds = 0.0
-        self._spark_cds: str | None = None
+        self._spark_cds = False
+        self._spark_opts = ""
         self.failed = False
         self.killed: list[KilledProcess] = []
         self._components: dict[str, _Component] = {}
@@ -397,7 +398,9 @@ class AirflowCluster:
         self._started = True
         # once per machine, not part of the start-up (timeout): the Spark drivers' CDS archive
         built = time.monotonic()
-        self._spark_cds = spark_cds_option(os.environ.get("SPARK_SUBMIT_OPTS", ""))
+        spark_opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+        self._spark_opts = with_spark_cds(spark_opts)  # tests/conftest.py may have added it
+        self._spark_cds = self._spark_opts != spark_opts or "SharedArchiveFile" in spark_opts
         self.spark_cds_seconds = time.monotonic() - built
         t0 = time.monotonic()
         try:
@@ -566,8 +569,7 @@ class AirflowCluster:
         }
         env.update(cfg)
         if self._spark_cds:  # the tasks' Spark drivers map their classes from it
-            spark_opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
-            env["SPARK_SUBMIT_OPTS"] = f"{spark_opts} {self._spark_cds}".strip()
+            env["SPARK_SUBMIT_OPTS"] = self._spark_opts
         pythonpath = [*self.python_path]
         if os.environ.get("PYTHONPATH"):
             pythonpath.append(os.environ["PYTHONPATH"])

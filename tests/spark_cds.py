@@ -1,12 +1,16 @@
-"""A class-data-sharing (CDS) archive of a Spark driver's classes for the e2e clusters' tasks.
+"""A class-data-sharing (CDS) archive of a Spark driver's classes for every Spark JVM the suite
+starts (``tests/conftest.py``: the session's, the dag.test, campaign and spark-submit drivers,
+the e2e clusters' stage tasks).
 
-Every stage task of an e2e cluster starts its own Spark driver JVM, and most of a short
-driver's start is loading and verifying the same ~15 000 classes. A dynamic CDS archive
+Every stage task of an e2e cluster, and every driver subprocess of the other tiers, starts its
+own Spark driver JVM, and most of a short driver's start is loading and verifying the same
+~15 000 classes. A dynamic CDS archive
 (JDK 13+: ``-XX:ArchiveClassesAtExit`` once, ``-XX:SharedArchiveFile`` after) maps them
 pre-parsed instead: on the shared 2-core machine at load 28, a ``local[2]`` session started in
 13-15 s instead of 32-38 s and its first job ran in 6-7 s instead of 23-27 s.
 
-The archive is built once per machine (a small Spark job, ~20 s quiet, ~90 s under load) and
+The archive is built once per machine (a small Spark job, ~20 s quiet, ~90 s under load; one
+builder at a time, the other pytest process waits for it under a file lock) and
 cached under ``~/.cache/airflow-finalckpt/cds`` (``FINALCKPT_E2E_CDS_DIR``), keyed by the JVM,
 its flags and the pyspark jars. A JVM whose class path or JDK does not match the archive
 ignores it (``-Xshare:auto``), so a stale archive costs nothing but the speed-up.
@@ -15,6 +19,7 @@ ignores it (``-Xshare:auto``), so a stale archive costs nothing but the speed-up
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -85,11 +90,24 @@ def spark_cds_option(base_opts: str) -> str | None:
     try:
         archive = _cache_dir() / f"spark-{_archive_key(java, base_opts)}.jsa"
         if not archive.exists():
-            _build(archive, base_opts)
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            with open(archive.with_name(f".{archive.name}.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # the other lane's pytest builds it: wait
+                if not archive.exists():
+                    _build(archive, base_opts)
     except Exception as exc:  # no archive: the tasks' JVMs start as before
         print(f"[airflow-e2e] no CDS archive for the Spark drivers: {exc}", file=sys.stderr)
         return None
     return f"-XX:SharedArchiveFile={archive}"
+
+
+def with_spark_cds(opts: str) -> str:
+    """``opts`` with the archive's option appended (unchanged if it already names an archive,
+    or when there is none)."""
+    if "-XX:SharedArchiveFile=" in opts:
+        return opts
+    option = spark_cds_option(opts)
+    return f"{opts} {option}".strip() if option else opts
 
 
 def _build(archive: Path, base_opts: str) -> None:
