@@ -35,69 +35,82 @@ check() {
   fi
 }
 
+lint() {
+  .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/lint-imports
+}
+
 status=0
 if [ "$#" -gt 0 ] || [ "${FINALCKPT_TEST_JOBS:-2}" = "1" ]; then
   rc=0
   AIRFLOW_HOME=$home "${PYTEST[@]}" "$@" || rc=$?
   check "whole suite" "$rc" || status=1
-else
-  mkdir -p "$home/e2e" "$home/rest"
-  logs=$(mktemp -d -t finalckpt-test-logs-XXXX)
-  # The compatibility lanes (FINALCKPT_CI_LANES=floors,spark35; .ci/run sets it): their
-  # virtualenvs install now, beside the suite (pip waits on the network more than on the CPU);
-  # their tests run in whichever of the two slots below finishes its own tests first.
-  lanes=${FINALCKPT_CI_LANES:-}
-  lanes=${lanes//,/ }
-  for lane in $lanes; do
-    echo "==> lane $lane: installing its virtualenv in the background (log: $logs/$lane-install.log)"
-    ( rc=0; ./scripts/lane.sh "$lane" --install-only >"$logs/$lane-install.log" 2>&1 || rc=$?
-      echo "$rc" >"$logs/$lane-install.rc" ) &
-  done
-  # Each slot, after its own tests, claims the next lane not yet claimed (mkdir is atomic).
-  run_lanes() {
-    local lane rc
-    for lane in $lanes; do
-      mkdir "$logs/$lane.claim" 2>/dev/null || continue
-      while [ ! -f "$logs/$lane-install.rc" ]; do sleep 2; done
-      rc=$(cat "$logs/$lane-install.rc")
-      if [ "$rc" -eq 0 ]; then
-        mkdir -p "$home/$lane"
-        AIRFLOW_HOME=$home/$lane ./scripts/lane.sh "$lane" >"$logs/$lane.log" 2>&1 || rc=$?
-      else
-        cp "$logs/$lane-install.log" "$logs/$lane.log"
-      fi
-      echo "$rc" >"$logs/$lane.rc"
-    done
-  }
-  echo "==> tests/e2e in a second pytest process (its output follows the rest's; live: $logs/e2e.log)"
-  ( rc=0
-    AIRFLOW_HOME=$home/e2e "${PYTEST[@]}" -p no:cacheprovider tests/e2e >"$logs/e2e.log" 2>&1 || rc=$?
-    echo "$rc" >"$logs/e2e.rc"
-    run_lanes ) &
-  e2e_pid=$!
-  # an interrupted run stops the e2e process too (SIGINT: its fixtures stop their clusters)
-  trap 'pkill -INT -P "$e2e_pid" 2>/dev/null; kill -INT "$e2e_pid" 2>/dev/null || true' EXIT
-  rest_rc=0
-  AIRFLOW_HOME=$home/rest "${PYTEST[@]}" --ignore=tests/e2e || rest_rc=$?
-  run_lanes
-  wait
-  trap - EXIT
-  echo "==> tests/e2e"
-  cat "$logs/e2e.log"
-  check "tests other than tests/e2e" "$rest_rc" || status=1
-  check "tests/e2e" "$(cat "$logs/e2e.rc" 2>/dev/null || echo 1)" || status=1
-  for lane in $lanes; do
-    echo "==> lane $lane (scripts/lane.sh $lane)"
-    cat "$logs/$lane.log"
-    lane_rc=$(cat "$logs/$lane.rc" 2>/dev/null || echo 1)
-    if [ "$lane_rc" -ne 0 ]; then
-      echo "error: lane $lane failed with exit code $lane_rc" >&2
-      status=1
-    fi
-  done
+  [ "$status" -eq 0 ] || exit 1
+  lint
+  exit 0
 fi
-[ "$status" -eq 0 ] || exit 1
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
-.venv/bin/lint-imports
+mkdir -p "$home/e2e" "$home/rest"
+logs=$(mktemp -d -t finalckpt-test-logs-XXXX)
+# The compatibility lanes (FINALCKPT_CI_LANES=floors,spark35; .ci/run sets it): their
+# virtualenvs install now, beside the suite (pip waits on the network more than on the CPU).
+lanes=${FINALCKPT_CI_LANES:-}
+lanes=${lanes//,/ }
+for lane in $lanes; do
+  echo "==> lane $lane: installing its virtualenv in the background (log: $logs/$lane-install.log)"
+  ( rc=0; ./scripts/lane.sh "$lane" --install-only >"$logs/$lane-install.log" 2>&1 || rc=$?
+    echo "$rc" >"$logs/$lane-install.rc" ) &
+done
+# The jobs after the two test processes (ruff + mypy + import rules, then each lane's tests): each
+# slot, when its own tests end, claims the next job not yet claimed (mkdir is atomic), so the slot
+# that frees first takes them and the run's tail is not one core idle.
+jobs="lint $lanes"
+run_jobs() {
+  local job rc
+  for job in $jobs; do
+    mkdir "$logs/$job.claim" 2>/dev/null || continue
+    rc=0
+    if [ "$job" = lint ]; then
+      lint >"$logs/lint.log" 2>&1 || rc=$?
+    else
+      while [ ! -f "$logs/$job-install.rc" ]; do sleep 2; done
+      rc=$(cat "$logs/$job-install.rc")
+      if [ "$rc" -eq 0 ]; then
+        mkdir -p "$home/$job"
+        AIRFLOW_HOME=$home/$job ./scripts/lane.sh "$job" >"$logs/$job.log" 2>&1 || rc=$?
+      else
+        cp "$logs/$job-install.log" "$logs/$job.log"
+      fi
+    fi
+    echo "$rc" >"$logs/$job.rc"
+  done
+}
+echo "==> tests/e2e in a second pytest process (its output follows the rest's; live: $logs/e2e.log)"
+( rc=0
+  AIRFLOW_HOME=$home/e2e "${PYTEST[@]}" -p no:cacheprovider tests/e2e >"$logs/e2e.log" 2>&1 || rc=$?
+  echo "$rc" >"$logs/e2e.rc"
+  run_jobs ) &
+e2e_pid=$!
+# an interrupted run stops the e2e process too (SIGINT: its fixtures stop their clusters)
+trap 'pkill -INT -P "$e2e_pid" 2>/dev/null; kill -INT "$e2e_pid" 2>/dev/null || true' EXIT
+rest_rc=0
+AIRFLOW_HOME=$home/rest "${PYTEST[@]}" --ignore=tests/e2e || rest_rc=$?
+run_jobs
+wait
+trap - EXIT
+echo "==> tests/e2e"
+cat "$logs/e2e.log"
+check "tests other than tests/e2e" "$rest_rc" || status=1
+check "tests/e2e" "$(cat "$logs/e2e.rc" 2>/dev/null || echo 1)" || status=1
+for job in $jobs; do
+  if [ "$job" = lint ]; then
+    echo "==> ruff check, ruff format --check, mypy, lint-imports"
+  else
+    echo "==> lane $job (scripts/lane.sh $job)"
+  fi
+  cat "$logs/$job.log"
+  job_rc=$(cat "$logs/$job.rc" 2>/dev/null || echo 1)
+  if [ "$job_rc" -ne 0 ]; then
+    echo "error: $job failed with exit code $job_rc" >&2
+    status=1
+  fi
+done
+exit "$status"
