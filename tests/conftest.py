@@ -27,8 +27,10 @@ PG_CONNECT_TIMEOUT_S = 5
 #: SPARK_SUBMIT_OPTS to the driver JVM it launches). The suite's JVMs live seconds to minutes on
 #: small data and 2 shared cores, where C2 compilation and parallel GC threads were about half
 #: of their CPU (docs/testing.md, "Where the suite's CPU goes"); C1 alone and one GC thread
-#: compute the same results. A value set by the caller wins.
-TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: compute the same results. ``spark.*`` system properties are SparkConf defaults: 4 shuffle
+#: partitions instead of 200 for the tiny data of DAGs that set none (a session's or a DAG's
+#: own setting wins). A value set by the caller wins.
+TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dspark.sql.shuffle.partitions=4"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTS)
 #: Tiers that start no Spark JVM: a run of only these does not build the CDS archive.
 NO_SPARK_TIERS = ("unit", "helm")

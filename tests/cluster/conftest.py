@@ -43,8 +43,11 @@ DRIVER_MEMORY = "1g"  # a smaller heap fails Spark's minimum system memory check
 PYTHON = sys.executable
 #: The suite's JVM flags (tests/conftest.py sets them as SPARK_SUBMIT_OPTS, which only
 #: spark-submit reads) for the cluster's daemons (SPARK_DAEMON_JAVA_OPTS) and, through the
-#: tests' Spark conf, for its executors and cluster-mode drivers.
-JVM_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", "")
+#: tests' Spark conf, for its executors and cluster-mode drivers; without its ``-Dspark.*``
+#: defaults (Spark refuses them in ``extraJavaOptions``; the tests set their own conf).
+JVM_OPTS = " ".join(
+    opt for opt in os.environ.get("SPARK_SUBMIT_OPTS", "").split() if not opt.startswith("-Dspark.")
+)
 
 
 def free_port() -> int:
