@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 import click
+from rich.console import Console
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
 
@@ -28,6 +29,17 @@ store_url_option = click.option(
     help="Coordination database URL (default: resolved from AIRFLOW__FINALCKPT__STORE_URL, "
     "the finalckpt_default connection, airflow.cfg [finalckpt], then AIRFLOW_HOME).",
 )
+
+
+#: ``--json``: one JSON document on stdout, every log line on stderr.
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
+)
+
+
+def _console() -> Console:
+    """Wide when piped: rich would otherwise cut columns to 80 characters."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _fail(message: str, exit_code: int) -> NoReturn:

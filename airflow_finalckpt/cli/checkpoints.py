@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
+from airflow_finalckpt.cli._shared import (
+    _console,
+    _fail,
+    _resolve_store_url,
+    _user_errors,
+    store_url_option,
+)
 from airflow_finalckpt.config import load_settings
 from airflow_finalckpt.coordination import CheckpointInfo, Coordinator
 from airflow_finalckpt.core.errors import FinalCheckpointError
@@ -22,11 +26,6 @@ from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 
 EXIT_ERROR = 2
-
-
-def _console() -> Console:
-    """Wide when piped: rich would otherwise cut columns to 80 characters."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _when(ts: float | None) -> str:

@@ -20,6 +20,7 @@ from airflow_finalckpt.cli._shared import (
     _fail,
     _resolve_store_url,
     _user_errors,
+    json_option,
     logs_to_stderr,
     store_url_option,
 )
@@ -51,11 +52,6 @@ def db_url(store_url: str | None) -> None:
         url, source = _resolve_store_url(store_url)
     click.echo(mask_url(url))
     click.echo(f"source: {source}")
-
-
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
-)
 
 
 @db.command("upgrade")

@@ -9,7 +9,6 @@ SUSPENDED (or Ctrl-C); ``--json`` prints one JSON document (with ``--watch``: on
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -18,12 +17,18 @@ from typing import Any
 
 import click
 from fsspec.core import url_to_fs
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
-from airflow_finalckpt.cli._shared import _fail, _resolve_store_url, _user_errors, store_url_option
+from airflow_finalckpt.cli._shared import (
+    _console,
+    _fail,
+    _resolve_store_url,
+    _user_errors,
+    store_url_option,
+)
 from airflow_finalckpt.cli.checkpoints import info_to_json
 from airflow_finalckpt.coordination import (
     CheckpointInfo,
@@ -61,11 +66,6 @@ _LIFECYCLE_STYLE = {
 pipeline_option = click.option(
     "--pipeline", "pipeline", required=True, metavar="KEY", help="Pipeline key."
 )
-
-
-def _console() -> Console:
-    """Wide when piped: rich would otherwise cut columns to 80 characters."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _when(ts: float | None) -> str | None:

@@ -17,30 +17,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from airflow_finalckpt.cli._shared import (
     EXIT_ERROR,
     EXIT_FAILURE,
+    _console,
     _engine,
     _fail,
     _resolve_store_url,
     _user_errors,
+    json_option,
     store_url_option,
 )
 from airflow_finalckpt.core.errors import FinalCheckpointError, UnknownPipelineError
-
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
-)
-
-
-def _console() -> Console:
-    """Wide when piped: rich would otherwise cut columns to 80 characters."""
-    import sys
-
-    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _when(ts: float | None) -> str | None:

@@ -13,18 +13,15 @@ from rich.table import Table
 
 from airflow_finalckpt.cli._shared import (
     EXIT_ERROR,
+    _console,
     _engine,
     _fail,
     _resolve_store_url,
     _user_errors,
+    json_option,
     store_url_option,
 )
-from airflow_finalckpt.cli.checkpoints import _console
 from airflow_finalckpt.config import mask_url
-
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
-)
 
 
 def _docs(store_url: str | None, cursor_id: str | None, history: bool) -> list[dict[str, Any]]:

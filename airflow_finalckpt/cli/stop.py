@@ -19,7 +19,7 @@ import click
 if TYPE_CHECKING:
     from airflow_finalckpt.cli.airflow_api import AirflowApi
 
-from airflow_finalckpt.cli._shared import EXIT_ERROR, _fail, store_url_option
+from airflow_finalckpt.cli._shared import EXIT_ERROR, _fail, json_option, store_url_option
 from airflow_finalckpt.cli.actions import (
     cli_user,
     control_of,
@@ -30,10 +30,6 @@ from airflow_finalckpt.control import StopSummary
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import StopMode, StopState
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
-
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (logs: stderr)."
-)
 
 
 def _echo_json(doc: object) -> None:
