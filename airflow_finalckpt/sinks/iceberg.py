@@ -43,6 +43,7 @@ from airflow_finalckpt.sinks.staged import (
     optional_schema,
 )
 from airflow_finalckpt.sinks.staged_replace import SLICE_KEY, TXN_IDS_KEY, txn_ids_of
+from airflow_finalckpt.sinks.storage_connection import require_bound
 
 if TYPE_CHECKING:
     import pyarrow
@@ -225,15 +226,8 @@ class IcebergTableSink(StagedTableSink):
         self._catalog_cache = None
 
     def _bound_properties(self) -> dict[str, Any]:
-        for conn_id, bound in (
-            (self.catalog_conn_id, self._properties is not None),
-            (self.storage_conn_id, self.bound_storage_connection is not None),
-        ):
-            if conn_id and not bound:
-                raise ConfigurationError(
-                    f"sink {self.sink_id!r}: Airflow connection {conn_id!r} is resolved when the "
-                    "stage task runs; bind it first (hooks.sink_connections)"
-                )
+        require_bound(self.sink_id, self.catalog_conn_id, self._properties is not None)
+        self._check_storage_bound()
         assert self._properties is not None
         return {**self._file_io_properties, **self._properties}
 

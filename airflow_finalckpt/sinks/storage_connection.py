@@ -57,8 +57,13 @@ class StorageConnectionMixin:
         """Drop what was opened with the old options."""
 
     def _check_storage_bound(self) -> None:
-        if self.storage_conn_id and self.bound_storage_connection is None:
-            raise ConfigurationError(
-                f"sink {self.sink_id!r}: Airflow connection {self.storage_conn_id!r} is resolved "
-                "when the stage task runs; bind it first (hooks.sink_connections)"
-            )
+        require_bound(self.sink_id, self.storage_conn_id, self.bound_storage_connection is not None)
+
+
+def require_bound(sink_id: str, conn_id: str | None, bound: bool) -> None:
+    """A sink naming a connection must have it bound (resolved on the task side) before use."""
+    if conn_id and not bound:
+        raise ConfigurationError(
+            f"sink {sink_id!r}: Airflow connection {conn_id!r} is resolved when the stage task "
+            "runs; bind it first (hooks.sink_connections)"
+        )
