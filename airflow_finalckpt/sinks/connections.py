@@ -21,7 +21,6 @@ from typing import Any
 from airflow_finalckpt.connections.database import DATABASE_TYPES, is_database
 from airflow_finalckpt.connections.database import database_url as _database_url
 from airflow_finalckpt.connections.fields import ConnectionFields, connection_env_name
-from airflow_finalckpt.connections.storage import extra_storage_options
 from airflow_finalckpt.core.errors import ConfigurationError
 
 __all__ = [
@@ -33,7 +32,6 @@ __all__ = [
     "connection_secrets",
     "database_url",
     "is_database",
-    "storage_options_of",
     "unbound_sinks",
     "unbound_slots",
 ]
@@ -59,11 +57,6 @@ def database_url(fields: ConnectionFields, who: str) -> str:
         return _database_url(fields)
     except ValueError as exc:
         raise ConfigurationError(f"{who}: Airflow connection {fields.conn_id!r}: {exc}") from None
-
-
-def storage_options_of(fields: ConnectionFields, who: str) -> dict[str, Any]:
-    """The fsspec storage options a connection's extra names (key ``storage_options``)."""
-    return extra_storage_options(fields, who)
 
 
 def unbound_slots(sink: Any) -> Iterator[tuple[str, str, str]]:

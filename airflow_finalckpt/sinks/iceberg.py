@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_finalckpt.connections.storage import extra_storage_options
 from airflow_finalckpt.connections.storage import storage_options as connection_storage_options
 from airflow_finalckpt.core.errors import ConfigurationError
 from airflow_finalckpt.pyspark_compat import arrow_schema
@@ -31,7 +32,6 @@ from airflow_finalckpt.sinks.connections import (
     ConnectionFields,
     database_url,
     is_database,
-    storage_options_of,
 )
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
@@ -203,7 +203,7 @@ class IcebergTableSink(StagedTableSink):
         them). The extra's ``storage_options`` (fsspec) apply under the sink's own.
         """
         who = f"sink {self.sink_id!r}"
-        options = storage_options_of(fields, who)
+        options = extra_storage_options(fields, who)
         if is_database(fields):
             properties: dict[str, Any] = {"type": "sql", "uri": database_url(fields, who)}
         else:
