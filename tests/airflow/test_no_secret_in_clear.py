@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from airflow_finalckpt.hooks import finalckpt as hook_module
+from tests.planted_secret import files_holding
 
 PLANTED = "Planted-Pw-93ad1e"
 
@@ -41,10 +42,6 @@ with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
         sinks=[SqlTableSink("planted_sql", SINK_URL, "planted_rows")],
     )
 """
-
-
-def files_holding(root: Path, secret: str) -> list[str]:
-    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
 def test_a_planted_password_is_nowhere_after_a_real_run(

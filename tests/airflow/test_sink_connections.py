@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from airflow_finalckpt.hooks import finalckpt as hook_module
+from tests.planted_secret import files_holding
 
 PLANTED = "Conn-Planted-Pw-5c1e"
 
@@ -238,9 +239,7 @@ def test_checkpoint_storage_and_a_parquet_sink_take_their_options_from_connectio
     from sqlalchemy import select
 
     for root in (airflow_home.logs_folder, bucket):
-        assert not [
-            p for p in root.rglob("*") if p.is_file() and PLANTED.encode() in p.read_bytes()
-        ]
+        assert files_holding(root, PLANTED) == []
     with create_session() as session:
         xcoms = session.scalars(select(XComModel).where(XComModel.dag_id == dag.dag_id)).all()
         assert PLANTED not in json.dumps([XComModel.deserialize_value(x) for x in xcoms])

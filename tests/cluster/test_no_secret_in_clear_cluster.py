@@ -33,6 +33,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
+from tests.planted_secret import files_holding
 
 from .conftest import (
     DRIVER_MEMORY,
@@ -79,14 +80,6 @@ with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1)) as dag:
         retries=0,
     )
 """
-
-
-def files_holding(root: Path, secret: str) -> list[str]:
-    return [
-        str(p)
-        for p in root.rglob("*")
-        if p.is_file() and not p.is_symlink() and secret.encode() in p.read_bytes()
-    ]
 
 
 class CommandLines:
@@ -271,15 +264,18 @@ def test_a_planted_password_is_nowhere_after_a_standalone_spark_submit_run(
     task_log = captured.out + "\n" + captured.err + "\n" + caplog.text
     assert "Spark-Submit cmd" in task_log
     assert PLANTED not in task_log
-    assert files_holding(Path(conf.get("logging", "base_log_folder")), PLANTED) == []
+    assert (
+        files_holding(Path(conf.get("logging", "base_log_folder")), PLANTED, skip_symlinks=True)
+        == []
+    )
     # executor logs (the workers' work dirs), daemon logs, Spark's event log
     assert any(events.iterdir()), "Spark wrote no event log"
-    assert files_holding(spark_cluster.workdir, PLANTED) == []
-    assert files_holding(events, PLANTED) == []
+    assert files_holding(spark_cluster.workdir, PLANTED, skip_symlinks=True) == []
+    assert files_holding(events, PLANTED, skip_symlinks=True) == []
     # the checkpoint storage: the sealed code.pkl, the job spec, driver records, checkpoints
     checkpoints = tmp_path / "checkpoints"
     assert list(checkpoints.rglob("code.pkl")), "no code.pkl was written"
-    assert files_holding(checkpoints, PLANTED) == []
+    assert files_holding(checkpoints, PLANTED, skip_symlinks=True) == []
 
     with create_session() as session:
         xcoms = session.scalars(select(XComModel).where(XComModel.dag_id == dag.dag_id)).all()
