@@ -40,6 +40,7 @@ from airflow_finalckpt.core.errors import (
     StaleEpochError,
 )
 from airflow_finalckpt.core.model import StageLifecycle
+from airflow_finalckpt.core.rerun import Publication, TaskTry
 from faults.injector import FaultInjector, FaultSpec
 from faults.points import POINTS, Action
 from faults.runs import Environment, RunPlan, RunReport, _classify, stale_commits, verify_against
@@ -340,7 +341,11 @@ def execute_stage_attempt(job: StageJob) -> AttemptOutcome:
                 fault=lambda point: injector.hit(point, job.stage_id),
             )
         outcome.status = "completed" if done else "suspended"
-        if done and not republish:  # the task's success emits the stage's Asset events
+        # the task's success emits the stage's Asset events, as the operator's _publish decides:
+        # not for a stage closed before this DAG run, nor for a close another try returned first
+        this_try = TaskTry(DAG_ID, job.dag_run, job.stage_id, job.attempt)
+        recorded = coordinator.publish(job.stage_id, this_try) if done else None
+        if recorded is Publication.FIRST and not republish:
             view = coordinator.stage(job.stage_id)
             publication = {"stage": job.stage_id, "dag_run": job.dag_run, "label": label}
             closed_on = {"closed_on": view.closed_checkpoint_id}

@@ -56,7 +56,7 @@ from airflow_finalckpt.core.model import (
     TransactionState,
     TriggerReason,
 )
-from airflow_finalckpt.core.rerun import TaskTry
+from airflow_finalckpt.core.rerun import Publication, TaskTry
 from airflow_finalckpt.core.restore import RestorePlan
 from airflow_finalckpt.core.views import (
     AckOutcome,
@@ -487,9 +487,9 @@ class Coordinator(CoordinatorReads):
                 tx.rows.forget_published(stage_id)
             return {sid: tx.rows.stage_row(sid).view() for sid in rows}
 
-    def publish(self, stage_id: str, published_by: TaskTry) -> bool:
-        """Record the try that returns the CLOSED stage to Airflow (``core.rerun``); False if
-        the stage is no longer CLOSED.
+    def publish(self, stage_id: str, published_by: TaskTry) -> Publication:
+        """Record the try that returns the CLOSED stage to Airflow (``core.rerun``): FIRST if
+        its success announces the commit, AGAIN if another try returned it before.
         """
         return self.store.publish(stage_id, published_by.to_dict())
 

@@ -69,6 +69,16 @@ class TaskTry:
         return f"try {self.try_number} of task {self.task_id} in DAG run {self.run_id}"
 
 
+class Publication(StrEnum):
+    """What recording a try's return of a CLOSED stage found: one Asset event per commit, so
+    of the tries (in any DAG runs) returning one close, only the FIRST announces it.
+    """
+
+    FIRST = "first"
+    AGAIN = "again"
+    NOT_CLOSED = "not-closed"
+
+
 class AttemptKind(StrEnum):
     """What a new try of a stage task does."""
 

@@ -97,8 +97,8 @@ def announce_commit(
         return False
     if republish:
         log.info(
-            "stage %s was committed by an earlier DAG run: end_of_data re-published, no "
-            "Asset event for %s",
+            "stage %s was committed and announced before (by an earlier DAG run or another "
+            "try): end_of_data re-published, no Asset event for %s",
             stage_id,
             ", ".join(str(getattr(o, "name", o)) for o in outlets),
         )

@@ -9,7 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_finalckpt.core.errors import RecomputeRefusedError
-from airflow_finalckpt.core.rerun import AttemptKind, TaskTry, attempt_kind, recompute_refusal
+from airflow_finalckpt.core.rerun import (
+    AttemptKind,
+    Publication,
+    TaskTry,
+    attempt_kind,
+    recompute_refusal,
+)
 
 
 def this_try(context: Any) -> TaskTry | None:
@@ -68,11 +74,14 @@ def prepare_attempt(
     return kind
 
 
-def record_publication(coordinator: Any, stage_id: str, context: Any) -> None:
+def record_publication(coordinator: Any, stage_id: str, context: Any) -> Publication | None:
     """The try returns the CLOSED stage to Airflow: remember it (a later try of this task in
-    this DAG run is then a clear of a succeeded task).
+    this DAG run is then a clear of a succeeded task). FIRST: no other try returned this close
+    before, so this success announces the commit (None: no try or coordinator to record with).
     """
     current = this_try(context)
     publish = getattr(coordinator, "publish", None)
-    if current is not None and callable(publish):
-        publish(stage_id, current)
+    if current is None or not callable(publish):
+        return None
+    outcome = publish(stage_id, current)
+    return outcome if isinstance(outcome, Publication) else None

@@ -42,6 +42,7 @@ from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
 from airflow_finalckpt.core.pipeline_keys import default_pipeline_key, hints_scope
 from airflow_finalckpt.core.ports import CoordinatorPort
+from airflow_finalckpt.core.rerun import Publication
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
 from airflow_finalckpt.core.split_bytes import SplitBytes, check_split_bytes
 from airflow_finalckpt.hooks.finalckpt import FinalCkptHook
@@ -526,13 +527,17 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         self, context: Context, eod: EndOfData, coordinator: CoordinatorPort | None = None
     ) -> dict[str, Any]:
         republish = getattr(self, "_republish", False)
+        # recorded first: of two DAG runs returning one close (a take-over), one announces it
+        recorded = (
+            None if coordinator is None else record_publication(coordinator, self.stage_id, context)
+        )
+        announce = not republish and recorded is not Publication.AGAIN
         if announce_commit(
-            context, self.outlets, coordinator, self.stage_id, republish=republish, log=self.log
+            context, self.outlets, coordinator, self.stage_id, republish=not announce, log=self.log
         ):
             self.outlets = []  # Airflow emits the events of ti.task.outlets at success
         doc = publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
         if coordinator is not None:
-            record_publication(coordinator, self.stage_id, context)
             scheduling.warn_repeated_dates(coordinator, self, context, republish=republish)
         return doc
 

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, select, update
 
 from airflow_finalckpt.core.errors import IllegalTransitionError, UnknownPipelineError
 from airflow_finalckpt.core.model import SinkTransaction, StageLifecycle
+from airflow_finalckpt.core.rerun import Publication
 from airflow_finalckpt.store import boundary as b
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
@@ -121,21 +122,25 @@ class CoordinationStore:
             linked
         )
 
-    def publish(self, stage_id: str, published_by: Mapping[str, Any]) -> bool:
-        """Record the try that returned the CLOSED stage to Airflow; False (nothing written)
-        if the stage is not CLOSED (a reset came first).
+    def publish(self, stage_id: str, published_by: Mapping[str, Any]) -> Publication:
+        """Record the try that returned the CLOSED stage to Airflow. FIRST when no try had
+        since the stage closed (a compare-and-set: of two DAG runs returning one close at once,
+        one wins), AGAIN otherwise, NOT_CLOSED (nothing written) if a reset came first.
         """
+        closed = (
+            t.stages.c.pipeline_key == self.pipeline_key,
+            t.stages.c.stage_id == stage_id,
+            t.stages.c.lifecycle == StageLifecycle.CLOSED.value,
+        )
+        record = {"published_by": dict(published_by)}
         with self.engine.begin() as conn:
-            done = conn.execute(
-                update(t.stages)
-                .where(
-                    t.stages.c.pipeline_key == self.pipeline_key,
-                    t.stages.c.stage_id == stage_id,
-                    t.stages.c.lifecycle == StageLifecycle.CLOSED.value,
-                )
-                .values(published_by=dict(published_by))
+            first = conn.execute(
+                update(t.stages).where(*closed, t.stages.c.published_by.is_(None)).values(record)
             )
-        return bool(done.rowcount)
+            if first.rowcount:
+                return Publication.FIRST
+            again = conn.execute(update(t.stages).where(*closed).values(record))
+        return Publication.AGAIN if again.rowcount else Publication.NOT_CLOSED
 
     def published_by(self, stage_id: str) -> Mapping[str, Any] | None:
         """The stored publishing try of the stage (None: none recorded)."""

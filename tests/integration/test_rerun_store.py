@@ -8,6 +8,7 @@ the stages downstream of it and the record, in one transition.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from airflow_finalckpt.cli.main import main
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.model import EndOfData, StageLifecycle, StageSnapshot, StopMode
-from airflow_finalckpt.core.rerun import AttemptKind, TaskTry, attempt_kind
+from airflow_finalckpt.core.rerun import AttemptKind, Publication, TaskTry, attempt_kind
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 
@@ -72,18 +73,51 @@ def close_stage(coord: Coordinator, stage: str) -> None:
 def test_publication_is_recorded_only_for_a_closed_stage_and_drives_the_rule(env: Env) -> None:
     coord = env.coord
     first = TaskTry(DAG, RUN, "read_day", 1)
-    assert coord.publish("read_day", first) is False  # not closed: nothing recorded
+    assert coord.publish("read_day", first) is Publication.NOT_CLOSED  # nothing recorded
     assert coord.published_by("read_day") is None
 
     close_stage(coord, "read_day")
-    assert coord.publish("read_day", first) is True
+    assert coord.publish("read_day", first) is Publication.FIRST
     assert coord.published_by("read_day") == first
+    # a later return of the same close (a re-entry, a continuation) is recorded, not news
+    again = TaskTry(DAG, "manual__continuation", "read_day", 1)
+    assert coord.publish("read_day", again) is Publication.AGAIN
+    assert coord.published_by("read_day") == again
+    assert coord.publish("read_day", first) is Publication.AGAIN
 
     view = coord.stage("read_day")
     cleared = TaskTry(DAG, RUN, "read_day", 2)
     assert attempt_kind(view.lifecycle, coord.published_by("read_day"), cleared) is (
         AttemptKind.RECOMPUTE
     )
+
+
+def test_of_two_dag_runs_returning_one_close_at_once_exactly_one_announces(env: Env) -> None:
+    """A take-over: the first DAG run's try closes the stage after the second run joined, and
+    both tries return it at once; one Asset event per commit means one FIRST (CI saw both runs
+    announce before the record was a compare-and-set)."""
+    close_stage(env.coord, "read_day")
+    engines = [make_engine(env.url) for _ in range(8)]
+    start = threading.Barrier(len(engines))
+    outcomes: list[Publication] = []
+
+    def publish(n: int) -> None:
+        coord = Coordinator(engines[n], KEY)
+        start.wait()
+        outcomes.append(coord.publish("read_day", TaskTry(DAG, f"run-{n}", "read_day", 1)))
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(len(engines))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for engine in engines:
+        engine.dispose()
+    assert sorted(outcomes) == sorted([Publication.FIRST] + [Publication.AGAIN] * 7), outcomes
+    # a reset forgets the record: the recompute's close is news again
+    env.coord.reset_stages(["read_day"])
+    close_stage(env.coord, "read_day")
+    assert env.coord.publish("read_day", TaskTry(DAG, RUN, "read_day", 2)) is Publication.FIRST
 
 
 def test_reset_forgets_progress_and_publication_of_the_stage_and_downstream(env: Env) -> None:
