@@ -122,6 +122,21 @@ def write_dag(airflow_home: AirflowHome) -> Iterator[Callable[..., Any]]:
         path.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The plugin's settings on a fresh local store, as a README user starts: SQLite at
+    ``tmp_path/coordination.db``, checkpoints under ``tmp_path/checkpoints``; the hook's cached
+    engines are dropped before and after, so no test sees another's store. Yields ``tmp_path``.
+    """
+    from airflow_finalckpt.hooks import finalckpt as hook_module
+
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path}/coordination.db")
+    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
+    hook_module.dispose_engines()
+    yield tmp_path
+    hook_module.dispose_engines()
+
+
 @dataclass(frozen=True)
 class ApiServer:
     """Airflow's api-server (public REST API, SimpleAuthManager's /auth, the plugin's

@@ -7,13 +7,11 @@ the events are read from Airflow's metadata database, where the scheduler reads 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from airflow_finalckpt.hooks import finalckpt as hook_module
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +45,8 @@ with DAG(DAG_ID + "_consumer", schedule=[Asset(ASSET)], start_date=datetime(2026
 
 
 @pytest.fixture
-def settings(
-    airflow_home: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Path]:
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path}/coordination.db")
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
-    hook_module.dispose_engines()
-    yield tmp_path
-    hook_module.dispose_engines()
+def settings(airflow_home: Any, spark: Any, local_store: Path) -> Path:
+    return local_store
 
 
 def asset_events(name: str) -> list[dict[str, Any]]:

@@ -26,7 +26,6 @@ import pytest
 from airflow_finalckpt.core.split_list import FINISHED_SPLIT_LIST_RULE
 from airflow_finalckpt.examples.nycflights13.daily import build_daily_dag, daily_sinks
 from airflow_finalckpt.examples.nycflights13.data import FLIGHTS_DIR, prepare_inputs
-from airflow_finalckpt.hooks import finalckpt as hook_module
 
 pytestmark = pytest.mark.slow
 
@@ -42,11 +41,8 @@ def daily_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def work(
-    airflow_home: Any, tmp_path: Path, daily_input: Path, monkeypatch: pytest.MonkeyPatch
+    airflow_home: Any, local_store: Path, tmp_path: Path, daily_input: Path
 ) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path}/coordination.db")
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
-    hook_module.dispose_engines()
     input_dir = tmp_path / "input"
     shutil.copytree(daily_input, input_dir)
     dag_id = f"daily_{uuid.uuid4().hex[:8]}"
@@ -65,7 +61,6 @@ def work(
         yield {"dag": dag, "input": input_dir, "output": output}
     finally:
         dag_file.unlink(missing_ok=True)
-        hook_module.dispose_engines()
 
 
 def _day(date: dt.date) -> dt.datetime:

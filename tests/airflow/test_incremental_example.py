@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 
 from airflow_finalckpt.examples.nycflights13.data import prepare_inputs
-from airflow_finalckpt.hooks import finalckpt as hook_module
 from airflow_finalckpt.sinks import ParquetTableSink
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,7 @@ DAYS = [dt.date(2013, 1, 1), dt.date(2013, 1, 2), dt.date(2013, 1, 3)]
 
 
 def test_each_run_rolls_up_the_days_appended_since_the_last(
-    airflow_home: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    airflow_home: Any, local_store: Path, tmp_path: Path
 ) -> None:
     from airflow_finalckpt.examples.nycflights13.incremental import (
         KEYS,
@@ -34,9 +33,6 @@ def test_each_run_rolls_up_the_days_appended_since_the_last(
         reference_rollup,
     )
 
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path}/coordination.db")
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
-    hook_module.dispose_engines()
     inputs, warehouse, output = tmp_path / "input", tmp_path / "wh", tmp_path / "out"
     prepare_inputs(inputs, days=DAYS)
     dag_id = f"incremental_{uuid.uuid4().hex[:8]}"
@@ -56,7 +52,6 @@ def test_each_run_rolls_up_the_days_appended_since_the_last(
         assert str(second.state).endswith("success")
     finally:
         dag_file.unlink(missing_ok=True)
-        hook_module.dispose_engines()
     actual = ParquetTableSink("daily_rollup", str(output / "daily_rollup")).read_pandas()
     expected = reference_rollup(str(inputs), DAYS)
     columns = [*KEYS, "flights", "cancelled", "mean_dep_delay"]

@@ -4,7 +4,7 @@ keep Airflow's retries. Real ``dag.test()`` runs with ``retries=3`` and no retry
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,8 @@ def test_classification() -> None:
 
 
 @pytest.fixture
-def settings(airflow_home: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path}/coordination.db")
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
-    hook_module.dispose_engines()
-    yield tmp_path
-    hook_module.dispose_engines()
+def settings(airflow_home: Any, local_store: Path) -> Path:
+    return local_store
 
 
 def tries(dag_run: Any, task_id: str) -> tuple[str, int]:

@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from airflow_finalckpt.hooks import finalckpt as hook_module
 from tests.planted_secret import files_holding
 
 PLANTED = "Conn-Planted-Pw-5c1e"
@@ -65,12 +64,8 @@ def _pg_connection(pg_url: str) -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
-    hook_module.dispose_engines()
-    yield tmp_path
-    hook_module.dispose_engines()
+def store(local_store: Path) -> Path:
+    return local_store
 
 
 def test_a_dag_without_credentials_publishes_through_connections(

@@ -15,15 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import random
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 import sqlalchemy as sa
-
-from airflow_finalckpt.hooks import finalckpt as hook_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -138,12 +135,7 @@ def rows(frame: pd.DataFrame) -> list[tuple[str, ...]]:
 
 
 @pytest.fixture
-def user_dag(
-    write_dag: Any, tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORE_URL", f"sqlite:///{tmp_path}/coordination.db")
-    monkeypatch.setenv("AIRFLOW__FINALCKPT__STORAGE_URI", str(tmp_path / "checkpoints"))
-    hook_module.dispose_engines()
+def user_dag(write_dag: Any, local_store: Path, tmp_path: Path, pg_url: str) -> dict[str, Any]:
     root, out = tmp_path / "in", tmp_path / "out"
     root.mkdir()
     out.mkdir()
@@ -159,10 +151,7 @@ def user_dag(
         PG_URL=pg_url,
         CRASH=str(tmp_path / "crash_at"),
     )
-    try:
-        yield {"dag": dag, "in": root, "out": out, "pg": pg_url, "crash": tmp_path / "crash_at"}
-    finally:
-        hook_module.dispose_engines()
+    return {"dag": dag, "in": root, "out": out, "pg": pg_url, "crash": tmp_path / "crash_at"}
 
 
 def sinks(work: dict[str, Any]) -> dict[str, pd.DataFrame]:
