@@ -360,6 +360,8 @@ CHARTS: dict[str, Callable[[Any, dict[str, Any], Path], None]] = {
     "stop_latency": chart_stop,
     "batch_target_curve": chart_curve,
     "steady_state_overhead_x10": chart_overhead,
+    "steady_state_overhead_x100": chart_overhead,
+    "resume_savings_x100": chart_resume,
 }
 
 

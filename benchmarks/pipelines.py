@@ -116,6 +116,45 @@ def prepare_inputs(dest: str | Path, days: int, scale: int = 1) -> str:
     return str(dest)
 
 
+#: Where generated inputs are kept between runs (``cached_inputs``); never in the repository.
+CACHE_ENV = "FINALCKPT_BENCH_CACHE"
+COMPLETE_MARKER = ".complete"
+
+
+def cache_root() -> Path:
+    default = Path.home() / ".cache" / "airflow-finalckpt" / "bench-data"
+    return Path(os.environ.get(CACHE_ENV) or default)
+
+
+def cached(root: Path, key: str, build: Callable[[Path], object]) -> Path:
+    """``root/key``, built once by ``build(dest)``: into ``key.tmp`` then renamed, with a
+    marker file, so an interrupted build is redone, never used."""
+    done = root / key
+    if (done / COMPLETE_MARKER).exists():
+        return done
+    tmp = root / f"{key}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(done, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / COMPLETE_MARKER).write_text(f"{key}\n")
+    os.replace(tmp, done)
+    return done
+
+
+def cached_inputs(days: int, scale: int) -> str:
+    """``prepare_inputs(days, scale)`` kept under ``cache_root()`` (``$FINALCKPT_BENCH_CACHE``
+    or ~/.cache/airflow-finalckpt/bench-data): the x100 year is generated once per machine
+    (the layout names its files relative to its directory, so the rename keeps it valid)."""
+    key = f"flights-{days}d-x{scale}"
+    return str(cached(cache_root(), key, lambda dest: prepare_inputs(dest, days, scale)))
+
+
+def input_mb(input_dir: str) -> float:
+    """Bytes of every file under an input directory, in MB."""
+    return sum(p.stat().st_size for p in Path(input_dir).rglob("*") if p.is_file()) / 1e6
+
+
 def default_batch_sizes(days: int) -> dict[str, int]:
     """The hand-picked sizes of the committed "before" run (about six batches per stage); the
     benchmarks now use ``batch_size="auto"`` (an empty mapping) on our side."""

@@ -262,40 +262,67 @@ def crash_and_resume(
 
 
 def run(quick: bool = False) -> Result:
-    cfg = plan(quick)
+    return run_resume(
+        plan(quick),
+        QUICK_CRASH_POINTS if quick else CRASH_POINTS,
+        1 if quick else 3,
+    )
+
+
+def run_resume(
+    cfg: dict[str, Any],
+    points: tuple[float, ...],
+    repetitions: int,
+    name: str = NAME,
+    *,
+    inputs: str | None = None,
+    hints_root: Path | None = None,
+    rerun_s: float | None = None,
+) -> Result:
+    """The resume comparison on ``cfg`` (``plan``'s shape). ``inputs``: an input directory of
+    ``cfg``'s days and scale (default: generated here); ``hints_root``: the hints of earlier
+    runs of the pipeline on these inputs (default: seeded by an untimed warm-up run here);
+    ``rerun_s``: the plain whole-pipeline seconds measured elsewhere (then no rerun baseline
+    runs here)."""
     target_s: dict[str, float] = dict(cfg["target_batch_s"])
-    repetitions = 1 if quick else 3
-    result = Result(NAME, repetitions=repetitions)
-    points = QUICK_CRASH_POINTS if quick else CRASH_POINTS
+    result = Result(name, repetitions=repetitions)
     result.parameters = {
         **cfg,
         "batch_size": f"auto; enrich's target_batch_s={target_s['enrich']:g} (the default is "
-        "30 s, kept by the other stages: smaller here so enrich runs in several batches); "
-        "ingest (untimed, before the crash) takes fixed batches of ingest_batch_size days, one "
-        "enrich split each",
-        "hints": "one hints root, seeded by an untimed warm-up run on the same data",
+        "30 s, kept by the other stages); ingest (untimed, before the crash) takes fixed "
+        "batches of ingest_batch_size days, one enrich split each",
+        "hints": "one hints root, seeded by an untimed warm-up run on the same data"
+        if hints_root is None
+        else "the hints of the steady-state runs on the same data (same process)",
         "crash_points": list(points),
         "crash": "by split progress, through the runtime's fault hook: an exception at "
         "mid-batch (computed, not recorded: its work is lost) of the first enrich batch that "
         "starts once the recorded finished splits reach ceil(point x splits); before enrich "
         "finishes if the batch that reached the point was its last",
         "target": f"ours <= {TARGET_FACTOR} x ideal + {TARGET_CONSTANT_S:g} s, and <= retry",
+        "rerun": "plain whole pipeline, measured here"
+        if rerun_s is None
+        else "plain whole pipeline: the steady-state median (same process, same inputs)",
     }
     spark = spark_session()
     with tempfile.TemporaryDirectory(prefix="finalckpt-bench-resume-") as tmp_name:
         tmp = Path(tmp_name)
-        inputs = prepare_inputs(tmp / "input", days=cfg["days"], scale=cfg["row_scale"])
-        hints = hints_for(tmp / "hints")
-        log(f"{NAME}: warm-up run of ours (seeds the hints)")
+        if inputs is None:
+            inputs = prepare_inputs(tmp / "input", days=cfg["days"], scale=cfg["row_scale"])
         sizes = {"ingest": int(cfg["ingest_batch_size"])}
-        warm = Ours(
-            spark, inputs, tmp / "warm", batch_sizes=sizes, target_batch_s=target_s, hints=hints
-        )
-        warm.run()
-        result.parameters["warm_up_batches"] = {s: list(v) for s, v in warm.batches.items()}
-        warm.close()
-        remove(tmp / "warm")
-        log(f"{NAME}: template store with ingest closed; plain ingest output")
+        if hints_root is None:
+            hints = hints_for(tmp / "hints")
+            log(f"{name}: warm-up run of ours (seeds the hints)")
+            warm = Ours(
+                spark, inputs, tmp / "warm", batch_sizes=sizes, target_batch_s=target_s, hints=hints
+            )
+            warm.run()
+            result.parameters["warm_up_batches"] = {s: list(v) for s, v in warm.batches.items()}
+            warm.close()
+            remove(tmp / "warm")
+        else:
+            hints = hints_for(hints_root)
+        log(f"{name}: template store with ingest closed; plain ingest output")
         template = tmp / "template"
         parts = make_template(spark, inputs, template, sizes, target_batch_s=target_s, hints=hints)
         days_of = part_days(spark, template, parts)
@@ -304,26 +331,17 @@ def run(quick: bool = False) -> Result:
         plain_src = tmp / "plain-src"
         run_plain(spark, inputs, plain_src, only=("ingest",))
 
-        base = result.case("baselines", parts=len(parts), days=cfg["days"])
-        for rep in range(repetitions):
-            order = ("retry", "rerun") if rep % 2 == 0 else ("rerun", "retry")
-            for side in order:
-                log(f"{NAME}: plain {side}")
-                where = tmp / f"plain-{side}-{rep}"
-                if side == "retry":
-                    got = run_plain(spark, inputs, where, only=DOWNSTREAM, source_dir=plain_src)
-                    stage_s = got.stage_seconds()
-                    base.add("retry_s", got.seconds)
-                    base.add("downstream_s", stage_s["delay_windows"] + stage_s["publish"])
-                else:
-                    got = run_plain(spark, inputs, where)
-                    base.add("rerun_s", got.seconds)
-                remove(where)
-        base.finalize()
-        retry_s = base.medians["retry_s"]
-        rerun_s = base.medians["rerun_s"]
-        downstream_s = base.medians["downstream_s"]
-
+        retry_s, rerun_s, downstream_s = _baselines(
+            result,
+            spark,
+            inputs,
+            tmp,
+            plain_src,
+            repetitions,
+            rerun_s,
+            days=cfg["days"],
+            parts=len(parts),
+        )
         for index, point in enumerate(points):
             ideal_parts = len(parts) - int(point * len(parts))
             case = result.case(
@@ -338,7 +356,7 @@ def run(quick: bool = False) -> Result:
                 if unfinished is None:
                     order = ("ours", "ideal")
                 for side in order:
-                    log(f"{NAME}: crash at {point:.0%}: {side}")
+                    log(f"{name}: crash at {point:.0%}: {side}")
                     if side == "ours":
                         root = tmp / f"ours-{index}-{rep}"
                         copy_store(template, root)
@@ -372,85 +390,136 @@ def run(quick: bool = False) -> Result:
                         case.add("ideal_days", float(len(remaining_days)))
                         remove(where)
             case.finalize()
-            med = case.medians
-            case.params["unfinished_splits"] = med["ours_unfinished_splits"]
-            reached = case.samples["ours_finished_fraction"]
-            case.params["finished_fraction_per_repetition"] = [round(f, 4) for f in reached]
-            true_points = all(case.samples["ours_within_one_batch"])
-            ours_s = med["ours_seconds"]
-            ideal_s = med["ideal_enrich_s"] + downstream_s
-            med.update(
-                {
-                    "ideal_s": ideal_s,
-                    "retry_s": retry_s,
-                    "rerun_s": rerun_s,
-                    "ideal_splits": med["ours_unfinished_splits"],
-                    "retry_redone_splits": float(len(parts)),
-                    "rerun_redone_splits": float(2 * len(parts)),
-                }
-            )
-            label = f"{int(point * 100)}%"
-            result.ratios[f"ours_over_ideal/{label}"] = ratio(ours_s, ideal_s)
-            result.ratios[f"retry_over_ideal/{label}"] = ratio(retry_s, ideal_s)
-            result.ratios[f"rerun_over_ideal/{label}"] = ratio(rerun_s, ideal_s)
-            result.ratios[f"ours_over_retry/{label}"] = ratio(ours_s, retry_s)
-            result.ratios[f"redone_splits_ours_over_unfinished/{label}"] = ratio(
-                med["ours_redone_splits"], med["ours_unfinished_splits"]
-            )
-            result.ratios[f"redone_splits_ours_over_ideal_at_point/{label}"] = ratio(
-                med["ours_redone_splits"], ideal_parts
-            )
-            allowed = TARGET_FACTOR * ideal_s + TARGET_CONSTANT_S
-            result.targets.append(
-                Target(
-                    name=f"recovery seconds, crash at {label} of enrich",
-                    target=f"ours <= {TARGET_FACTOR} x ideal + {TARGET_CONSTANT_S:g} s",
-                    measured=ours_s,
-                    unit="s",
-                    passed=bool(ours_s <= allowed),
-                    note=f"ideal {ideal_s:.1f} s (allowed {allowed:.1f} s); retry "
-                    f"{retry_s:.1f} s; rerun {rerun_s:.1f} s; actual finished fraction "
-                    f"{med['ours_finished_fraction']:.2f}",
-                )
-            )
-            result.targets.append(
-                Target(
-                    name=f"recovery seconds vs Airflow's retry, crash at {label}",
-                    target="ours <= retry of the failed plain task",
-                    measured=ours_s,
-                    unit="s",
-                    passed=bool(ours_s <= retry_s),
-                    note=f"retry {retry_s:.1f} s",
-                )
-            )
-            result.targets.append(
-                Target(
-                    name=f"crash point, crash at {label} of enrich",
-                    target="finished fraction at the crash >= the point, above it by less "
-                    "than the batch that crossed it, in every repetition",
-                    measured=min(reached),
-                    passed=bool(true_points),
-                    note="finished fractions reached: "
-                    + ", ".join(f"{f:.3f}" for f in reached)
-                    + "; crossing batches: "
-                    + ", ".join(f"{f:.3f}" for f in case.samples["ours_crossing_batch_fraction"]),
-                )
-            )
-            exact = case.samples["ours_redone_splits"] == case.samples["ours_unfinished_splits"]
-            result.targets.append(
-                Target(
-                    name=f"redone enrich splits, crash at {label}",
-                    target="ours == the unfinished splits, in every sample",
-                    measured=med["ours_redone_splits"],
-                    passed=bool(exact),
-                    note=f"unfinished at the crash {med['ours_unfinished_splits']:.0f} of "
-                    f"{len(parts)} (ideal at exactly {label}: {ideal_parts}); retry "
-                    f"{len(parts)}, rerun {len(parts)} (+ ingest)",
-                )
-            )
+            _judge(result, case, point, parts, retry_s, rerun_s, downstream_s)
         result.medians["retry_s"] = retry_s
         result.medians["rerun_s"] = rerun_s
         result.medians["ours_over_ideal_median"] = median(
             [v for k, v in result.ratios.items() if k.startswith("ours_over_ideal/")]
         )
     return result
+
+
+def _baselines(
+    result: Result,
+    spark: Any,
+    inputs: str,
+    tmp: Path,
+    plain_src: Path,
+    repetitions: int,
+    rerun_s: float | None,
+    *,
+    days: int,
+    parts: int,
+) -> tuple[float, float, float]:
+    """Airflow's retry of the failed plain task (and a rerun of the DAG unless ``rerun_s`` is
+    given): their seconds and the retry's downstream seconds."""
+    base = result.case("baselines", parts=parts, days=days)
+    for rep in range(repetitions):
+        order = ("retry", "rerun") if rep % 2 == 0 else ("rerun", "retry")
+        for side in order if rerun_s is None else ("retry",):
+            log(f"{result.benchmark}: plain {side}")
+            where = tmp / f"plain-{side}-{rep}"
+            if side == "retry":
+                got = run_plain(spark, inputs, where, only=DOWNSTREAM, source_dir=plain_src)
+                stage_s = got.stage_seconds()
+                base.add("retry_s", got.seconds)
+                base.add("downstream_s", stage_s["delay_windows"] + stage_s["publish"])
+            else:
+                got = run_plain(spark, inputs, where)
+                base.add("rerun_s", got.seconds)
+            remove(where)
+    base.finalize()
+    return (
+        base.medians["retry_s"],
+        base.medians["rerun_s"] if rerun_s is None else rerun_s,
+        base.medians["downstream_s"],
+    )
+
+
+def _judge(
+    result: Result,
+    case: Any,
+    point: float,
+    parts: list[str],
+    retry_s: float,
+    rerun_s: float,
+    downstream_s: float,
+) -> None:
+    """A crash point's ratios and targets from its case's samples."""
+    ideal_parts = len(parts) - int(point * len(parts))
+    med = case.medians
+    case.params["unfinished_splits"] = med["ours_unfinished_splits"]
+    reached = case.samples["ours_finished_fraction"]
+    case.params["finished_fraction_per_repetition"] = [round(f, 4) for f in reached]
+    true_points = all(case.samples["ours_within_one_batch"])
+    ours_s = med["ours_seconds"]
+    ideal_s = med["ideal_enrich_s"] + downstream_s
+    med.update(
+        {
+            "ideal_s": ideal_s,
+            "retry_s": retry_s,
+            "rerun_s": rerun_s,
+            "ideal_splits": med["ours_unfinished_splits"],
+            "retry_redone_splits": float(len(parts)),
+            "rerun_redone_splits": float(2 * len(parts)),
+        }
+    )
+    label = f"{int(point * 100)}%"
+    result.ratios[f"ours_over_ideal/{label}"] = ratio(ours_s, ideal_s)
+    result.ratios[f"retry_over_ideal/{label}"] = ratio(retry_s, ideal_s)
+    result.ratios[f"rerun_over_ideal/{label}"] = ratio(rerun_s, ideal_s)
+    result.ratios[f"ours_over_retry/{label}"] = ratio(ours_s, retry_s)
+    result.ratios[f"redone_splits_ours_over_unfinished/{label}"] = ratio(
+        med["ours_redone_splits"], med["ours_unfinished_splits"]
+    )
+    result.ratios[f"redone_splits_ours_over_ideal_at_point/{label}"] = ratio(
+        med["ours_redone_splits"], ideal_parts
+    )
+    allowed = TARGET_FACTOR * ideal_s + TARGET_CONSTANT_S
+    result.targets.append(
+        Target(
+            name=f"recovery seconds, crash at {label} of enrich",
+            target=f"ours <= {TARGET_FACTOR} x ideal + {TARGET_CONSTANT_S:g} s",
+            measured=ours_s,
+            unit="s",
+            passed=bool(ours_s <= allowed),
+            note=f"ideal {ideal_s:.1f} s (allowed {allowed:.1f} s); retry "
+            f"{retry_s:.1f} s; rerun {rerun_s:.1f} s; actual finished fraction "
+            f"{med['ours_finished_fraction']:.2f}",
+        )
+    )
+    result.targets.append(
+        Target(
+            name=f"recovery seconds vs Airflow's retry, crash at {label}",
+            target="ours <= retry of the failed plain task",
+            measured=ours_s,
+            unit="s",
+            passed=bool(ours_s <= retry_s),
+            note=f"retry {retry_s:.1f} s",
+        )
+    )
+    result.targets.append(
+        Target(
+            name=f"crash point, crash at {label} of enrich",
+            target="finished fraction at the crash >= the point, above it by less "
+            "than the batch that crossed it, in every repetition",
+            measured=min(reached),
+            passed=bool(true_points),
+            note="finished fractions reached: "
+            + ", ".join(f"{f:.3f}" for f in reached)
+            + "; crossing batches: "
+            + ", ".join(f"{f:.3f}" for f in case.samples["ours_crossing_batch_fraction"]),
+        )
+    )
+    exact = case.samples["ours_redone_splits"] == case.samples["ours_unfinished_splits"]
+    result.targets.append(
+        Target(
+            name=f"redone enrich splits, crash at {label}",
+            target="ours == the unfinished splits, in every sample",
+            measured=med["ours_redone_splits"],
+            passed=bool(exact),
+            note=f"unfinished at the crash {med['ours_unfinished_splits']:.0f} of "
+            f"{len(parts)} (ideal at exactly {label}: {ideal_parts}); retry "
+            f"{len(parts)}, rerun {len(parts)} (+ ingest)",
+        )
+    )

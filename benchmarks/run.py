@@ -16,6 +16,12 @@ Benchmarks (``--only`` takes a name or its alias, repeatable):
     stop_latency              (stop)      stop request -> savepoint complete (drain / savepoint)
     steady_state_overhead_x10 (overhead_x10)  the same on 365 days x10 rows (3.4 M flights);
                                           only with --only (not in the default suite)
+    steady_state_overhead_x100 (overhead_x100)  the same on 365 days x100 rows (33.7 M
+                                          flights, cached input), 2 repetitions, memory peaks
+                                          per side; only with --only (~20 min quiet)
+    resume_savings_x100       (resume_x100)  one crash at 50 % of enrich at x100; after
+                                          overhead_x100 in the same command it reuses its
+                                          hints; only with --only (~10 min quiet)
     airflow_real              (airflow)   the example DAG vs plain @task.pyspark tasks on a real
                                           Airflow, cold and warm, per stage, with a profile of
                                           each stage task; only with --only (~15 min quiet)
@@ -63,6 +69,18 @@ def _overhead_x10(quick: bool) -> Result:
     return steady_state.run_x10(quick)
 
 
+def _overhead_x100(quick: bool) -> Result:
+    from benchmarks import x100
+
+    return x100.run(quick)
+
+
+def _resume_x100(quick: bool) -> Result:
+    from benchmarks import x100
+
+    return x100.run_resume(quick)
+
+
 def _curve(quick: bool) -> Result:
     from benchmarks import batch_curve
 
@@ -103,11 +121,19 @@ BENCHMARKS: dict[str, tuple[str, Callable[[bool], Result]]] = {
     "batch_target_curve": ("curve", _curve),
     "stop_latency": ("stop", _stop),
     "steady_state_overhead_x10": ("overhead_x10", _overhead_x10),
+    "steady_state_overhead_x100": ("overhead_x100", _overhead_x100),
+    "resume_savings_x100": ("resume_x100", _resume_x100),
     "sinks": ("sinks", lambda quick: __import__("benchmarks.sinks").sinks.run(quick)),
     "airflow_real": ("airflow", _airflow),
 }
 #: Run only when asked for with ``--only`` (too long for the 25-minute suite).
-OPT_IN = ("steady_state_overhead_x10", "sinks", "airflow_real")
+OPT_IN = (
+    "steady_state_overhead_x10",
+    "steady_state_overhead_x100",
+    "resume_savings_x100",
+    "sinks",
+    "airflow_real",
+)
 
 
 def resolve(names: list[str] | None) -> list[str]:
