@@ -17,12 +17,12 @@ Order (``METHOD``): after a one-day warm-up of both sides, each data set first g
 run of each side (plain, then ours, whose run seeds the hints): the process's first runs at this
 size, which pay the JVM's first-use costs (JIT compilation and class loading of the code paths
 at this size) whoever runs first (docs/benchmarks.md, "Profile of the first (cold) run"; their
-seconds are kept as ``first_run_s/...``, not judged). Then ``REPETITIONS`` rounds of plain,
-ours (warm: the shared hints), ours-cold (a fresh hints root each time), in ABC CBA order
-(``rotation``), so a drift over the run weighs every side alike: the x10 samples of
-2026-11-27 04:18 fell 21, 22, 18, 16, 15, 15 s in time order. Before 2026-11-28 the cold figure
-was one run, the first on the data set, against plain's later runs: it carried the JVM's
-first-use costs that plain's samples did not (x1: 1.36-1.53).
+seconds are kept as ``first_run_s/...``, not judged). Then ``REPETITIONS_X1`` (x1) or
+``REPETITIONS`` (x10) rounds of plain, ours (warm: the shared hints), ours-cold (a fresh hints
+root each time), in ABC CBA order (``rotation``), so a drift over the run weighs every side
+alike: the x10 samples of 2026-11-27 04:18 fell 21, 22, 18, 16, 15, 15 s in time order.
+Before 2026-11-28 the cold figure was one run, the first on the data set, against plain's later
+runs: it carried the JVM's first-use costs that plain's samples did not (x1: 1.36-1.53).
 
 Reported: the median wall time of each side, per stage, ours/plain and cold/plain (whole
 pipeline and enrich..publish), the batches per stage and the chosen batch sizes, our time
@@ -56,6 +56,9 @@ NAME_X10 = "steady_state_overhead_x10"
 INTERVAL_S = 10.0
 #: Timed runs per side (even: a balanced rotation; see the module docstring).
 REPETITIONS = 4
+#: At x1 a run is ~4-10 s and one run swings 0.3-0.5 s (two quiet runs of 4 read the cold
+#: ratio 1.11 and 1.18): twice the samples there, for ~1-2 min more.
+REPETITIONS_X1 = 8
 TARGET_RATIO = 1.10
 #: Targets at x10 (issue 12) and x100 (issue 29): enrich..publish and the whole pipeline <= 1.05.
 TARGET_RATIO_LARGE = 1.05
@@ -177,7 +180,7 @@ def run(
     ``hints_root``: where the hints of our runs live (kept after the run; default: a
     temporary directory)."""
     sets = datasets or ([(2, 1)] if quick else [(365, 1)])
-    reps = repetitions or (1 if quick else REPETITIONS)
+    reps = repetitions or (1 if quick else REPETITIONS_X1)
     sides = ("plain", "ours", "ours-cold") if cold_samples else ("plain", "ours")
     result = Result(name, repetitions=reps)
     result.parameters = {
@@ -330,4 +333,4 @@ def run_x10(quick: bool = False) -> Result:
     """The full year with every flight ten times (3.4 M flights): ``--only overhead_x10``.
     Quick mode: 2 days x10, one repetition."""
     sets = [(2, 10)] if quick else [(365, 10)]
-    return run(quick, datasets=sets, name=NAME_X10)
+    return run(quick, datasets=sets, name=NAME_X10, repetitions=None if quick else REPETITIONS)
