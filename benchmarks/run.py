@@ -18,10 +18,10 @@ Benchmarks (``--only`` takes a name or its alias, repeatable):
                                           only with --only (not in the default suite)
     steady_state_overhead_x100 (overhead_x100)  the same on 365 days x100 rows (33.7 M
                                           flights, cached input), 2 repetitions, memory peaks
-                                          per side; only with --only (~20 min quiet)
+                                          per side; only with --only (7.5 min measured quiet)
     resume_savings_x100       (resume_x100)  one crash at 50 % of enrich at x100; after
                                           overhead_x100 in the same command it reuses its
-                                          hints; only with --only (~10 min quiet)
+                                          hints; only with --only (3.6 min measured quiet)
     airflow_real              (airflow)   the example DAG vs plain @task.pyspark tasks on a real
                                           Airflow, cold and warm, per stage, with a profile of
                                           each stage task; only with --only (~15 min quiet)

@@ -14,7 +14,8 @@ four batches of this size). Run in the same process after ``overhead_x100`` it r
 run's hints (the DAG's earlier runs) and its plain median as the rerun baseline; alone it
 seeds its own hints first (one more full run).
 
-Opt-in only (``run.OPT_IN``): about 30 minutes on a quiet 2-core machine for both.
+Opt-in only (``run.OPT_IN``): both took 11 min on the quiet 2-core machine of 2026-11-28
+(estimated at ~23 min from the slower x1 / x10 runs of the day before).
 """
 
 from __future__ import annotations
