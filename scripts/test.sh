@@ -54,6 +54,13 @@ logs=$(mktemp -d -t finalckpt-test-logs-XXXX)
 # virtualenvs install now, beside the suite (pip waits on the network more than on the CPU).
 lanes=${FINALCKPT_CI_LANES:-}
 lanes=${lanes//,/ }
+# Both lanes install the package's wheel (what a platform installs, not the checkout): built
+# once here, before either install starts, so the two never build at once.
+if [ -n "$lanes" ] && [ -z "${FINALCKPT_WHEEL:-}" ]; then
+  FINALCKPT_WHEEL=$(./scripts/build_wheel.sh .venv/bin/python "$logs/wheel")
+  export FINALCKPT_WHEEL
+  echo "==> lanes install $FINALCKPT_WHEEL"
+fi
 for lane in $lanes; do
   echo "==> lane $lane: installing its virtualenv in the background (log: $logs/$lane-install.log)"
   ( rc=0; ./scripts/lane.sh "$lane" --install-only >"$logs/$lane-install.log" 2>&1 || rc=$?

@@ -37,10 +37,19 @@ NO_SPARK_TIERS = ("unit", "helm")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Every Spark JVM of a run that has Spark tests maps its classes from one class-data-sharing
+    """In a lane (``FINALCKPT_LANE_SITE_PACKAGES``, set by scripts/lane.sh), once every test
+    module is imported: stop the run unless the package came from the lane's site-packages.
+
+    Every Spark JVM of a run that has Spark tests maps its classes from one class-data-sharing
     archive (``tests/spark_cds.py``; built once per machine, then cached): before any session or
     driver subprocess starts, so all of them inherit it. A short driver's JVM used ~25 % less
     CPU with it (docs/testing.md)."""
+    site_packages = os.environ.get("FINALCKPT_LANE_SITE_PACKAGES")
+    if site_packages:
+        from tests.installed_package import installed_package_error
+
+        if error := installed_package_error(site_packages):
+            pytest.exit(error, returncode=pytest.ExitCode.USAGE_ERROR)
     tests_dir = Path(__file__).resolve().parent
     for item in session.items:
         try:
