@@ -8,6 +8,9 @@
 #            OpenLineage), the branching DAG through dag.test() into every sink, and the
 #            lakehouse sinks. Also the amazon provider (in no extra; pinned in floors.txt) and
 #            the storage-connection tests, whose AwsBaseHook test skips without it.
+#   wheel    .venv-wheel, constraints/newest.txt: the newest allowed versions, as .venv, but the
+#            package from its wheel instead of the editable checkout; the floors lane's Airflow
+#            tests (not the storage-connection ones: no amazon provider here).
 #   spark35  .venv-spark35, constraints/spark35.txt: the driver side on pyspark 3.5 with no
 #            Airflow installed: a submitted driver running an example stage (tests/spark35),
 #            the example's four stages through the runtime, state and broadcast tables, windows,
@@ -15,11 +18,11 @@
 #
 #   scripts/lane.sh NAME [--install-only] [pytest args...]
 #
-# --install-only sets the virtualenv up and stops (.ci/run installs both while the main suite
+# --install-only sets the virtualenv up and stops (.ci/run installs all three while the main suite
 # runs: pip waits on the network, not on the CPU). Extra pytest paths: absolute (see below).
 #
 # A lane tests the package as a platform installs it: the wheel (scripts/build_wheel.sh;
-# FINALCKPT_WHEEL=<file> names one built already, as scripts/test.sh does for both lanes), not
+# FINALCKPT_WHEEL=<file> names one built already, as scripts/test.sh does for every lane), not
 # the checkout, with the lane's extras and constraints (scripts/setup.sh, FINALCKPT_INSTALL=wheel).
 # The checkout must not stand in for it: pytest runs in an empty working directory (Spark's
 # Python workers, `python -m pyspark.daemon`, put their working directory first on sys.path)
@@ -28,27 +31,36 @@
 # airflow_finalckpt imports from anywhere but the lane's site-packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lane=${1:?usage: scripts/lane.sh floors|spark35 [--install-only] [pytest args]}
+lane=${1:?usage: scripts/lane.sh floors|wheel|spark35 [--install-only] [pytest args]}
 shift
+# the Airflow and provider APIs the package uses, and one whole DAG (the branching example
+# through dag.test() into every sink); the newest lane (.venv) runs the other dag.test() scenarios
+airflow_tests=(
+  tests/airflow/test_api_app.py
+  tests/airflow/test_plugin.py
+  tests/airflow/test_provider.py
+  tests/airflow/test_operator_settings.py
+  tests/airflow/test_stage_operator.py
+  tests/airflow/test_sensor.py
+  tests/airflow/test_triggers.py
+  tests/airflow/test_openlineage.py
+  tests/airflow/test_branching_dag.py
+  tests/integration/test_sinks_lakehouse.py
+)
 case "$lane" in
+  wheel)
+    # the newest allowed versions (constraints/newest.txt, as .venv) but the wheel, not the
+    # checkout: what `pip install airflow-finalckpt[...]` gives a platform today
+    venv=.venv-wheel
+    extras=airflow,spark,postgres,examples,lakehouse,lineage,dev
+    requirements=
+    tests=("${airflow_tests[@]}")
+    constraints=newest
+    ;;
   floors)
     venv=.venv-floors
     extras=airflow,spark,postgres,examples,lakehouse,lineage,dev
-    # the Airflow and provider APIs the package uses, and one whole DAG (the branching example
-    # through dag.test() into every sink); the newest lane runs the other dag.test() scenarios
-    tests=(
-      tests/airflow/test_api_app.py
-      tests/airflow/test_plugin.py
-      tests/airflow/test_provider.py
-      tests/airflow/test_operator_settings.py
-      tests/airflow/test_stage_operator.py
-      tests/airflow/test_sensor.py
-      tests/airflow/test_triggers.py
-      tests/airflow/test_openlineage.py
-      tests/airflow/test_branching_dag.py
-      tests/integration/test_sinks_lakehouse.py
-      tests/unit/test_storage_connections.py
-    )
+    tests=("${airflow_tests[@]}" tests/unit/test_storage_connections.py)
     # An `aws` storage connection resolves through the amazon provider's AwsBaseHook where it
     # is installed. The provider is in no extra (boto3, botocore and ~25 more packages) and
     # needs python-dateutil < 3, which newest.txt's 4.0.0 is not: installed here only, where
@@ -78,11 +90,11 @@ case "$lane" in
     fi
     ;;
   *)
-    echo "error: unknown lane '$lane' (floors or spark35)" >&2
+    echo "error: unknown lane '$lane' (floors, wheel or spark35)" >&2
     exit 2
     ;;
 esac
-VENV=$venv FINALCKPT_CONSTRAINTS=constraints/$lane.txt FINALCKPT_EXTRAS=$extras \
+VENV=$venv FINALCKPT_CONSTRAINTS=constraints/${constraints:-$lane}.txt FINALCKPT_EXTRAS=$extras \
   FINALCKPT_REQUIREMENTS=$requirements FINALCKPT_INSTALL=wheel ./scripts/setup.sh
 if [ "${1:-}" = "--install-only" ]; then
   exit 0

@@ -7,7 +7,7 @@
 # order). Each process has its own AIRFLOW_HOME and lists its 25 slowest tests; the whole of
 # .ci/run must stay under 40 minutes on 2 cores. Arguments (e.g. a path or -k) run one pytest
 # process. FINALCKPT_REQUIRE_POSTGRES=1 turns "PostgreSQL not reachable" skips into failures, and
-# FINALCKPT_CI_LANES=floors,spark35 adds the compatibility lanes (scripts/lane.sh); CI sets both.
+# FINALCKPT_CI_LANES=floors,wheel,spark35 adds the compatibility lanes (scripts/lane.sh); CI sets both.
 # --fast: the inner loop's tier only (tests/unit: the core rules, the coordinator's transitions
 # on plain values, the runtime with fakes; ~2 minutes here), then ruff; no Spark, Airflow or e2e.
 set -euo pipefail
@@ -50,12 +50,12 @@ if [ "$#" -gt 0 ] || [ "${FINALCKPT_TEST_JOBS:-2}" = "1" ]; then
 fi
 mkdir -p "$home/e2e" "$home/rest"
 logs=$(mktemp -d -t finalckpt-test-logs-XXXX)
-# The compatibility lanes (FINALCKPT_CI_LANES=floors,spark35; .ci/run sets it): their
+# The compatibility lanes (FINALCKPT_CI_LANES=floors,wheel,spark35; .ci/run sets it): their
 # virtualenvs install now, beside the suite (pip waits on the network more than on the CPU).
 lanes=${FINALCKPT_CI_LANES:-}
 lanes=${lanes//,/ }
-# Both lanes install the package's wheel (what a platform installs, not the checkout): built
-# once here, before either install starts, so the two never build at once.
+# Every lane installs the package's wheel (what a platform installs, not the checkout): built
+# once here, before any install starts, so no two lanes build at once.
 if [ -n "$lanes" ] && [ -z "${FINALCKPT_WHEEL:-}" ]; then
   FINALCKPT_WHEEL=$(./scripts/build_wheel.sh .venv/bin/python "$logs/wheel")
   export FINALCKPT_WHEEL
