@@ -527,7 +527,10 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         self, context: Context, eod: EndOfData, coordinator: CoordinatorPort | None = None
     ) -> dict[str, Any]:
         republish = getattr(self, "_republish", False)
-        # recorded first: of two DAG runs returning one close (a take-over), one announces it
+        doc = publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
+        # recorded once nothing but the success is left (a later try of this task in this DAG
+        # run is then a clear), before the announcement: of two DAG runs returning one close
+        # (a take-over), only the FIRST record announces it
         recorded = (
             None if coordinator is None else record_publication(coordinator, self.stage_id, context)
         )
@@ -536,7 +539,6 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
             context, self.outlets, coordinator, self.stage_id, republish=not announce, log=self.log
         ):
             self.outlets = []  # Airflow emits the events of ti.task.outlets at success
-        doc = publish_end_of_data(context["ti"], self.stage_id, eod, self.log)
         if coordinator is not None:
             scheduling.warn_repeated_dates(coordinator, self, context, republish=republish)
         return doc
