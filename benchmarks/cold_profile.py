@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import log, spark_session, stop_spark
+from benchmarks.common import emit_json, log, spark_session, stop_spark
 from benchmarks.pipelines import Ours, hints_for, prepare_inputs, remove, run_plain
 from benchmarks.process_stats import RunStats
 from benchmarks.steady_state import warm_up
@@ -137,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = profile(args.days, args.scale, args.first, args.top)
     finally:
         stop_spark()
-    text = json.dumps(doc, indent=1)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_json(doc, args.out)
 
 
 if __name__ == "__main__":

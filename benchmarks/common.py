@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import math
 import os
 import platform
@@ -31,6 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -332,3 +334,12 @@ def stop_spark() -> None:
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def emit_json(doc: Any, out: Path | None) -> int:
+    """A profiling script's output: the document on stdout, and in ``out`` when given; 0."""
+    text = json.dumps(doc, indent=1, default=str)
+    if out is not None:
+        out.write_text(text + "\n")
+    print(text)
+    return 0

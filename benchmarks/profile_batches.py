@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import log, spark_session
+from benchmarks.common import emit_json, log, spark_session
 from benchmarks.pipelines import STAGES, Ours, hints_for, prepare_inputs, remove, run_plain
 
 
@@ -160,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     doc = profile(args.days, args.scale, args.target_batch_s, args.top)
-    text = json.dumps(doc, indent=1, default=str)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_json(doc, args.out)
 
 
 if __name__ == "__main__":

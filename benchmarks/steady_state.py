@@ -255,14 +255,8 @@ def _report(result: Result, label: str, scale: int, reps: int, cases: dict[str, 
     large = scale >= 10
     target = TARGET_RATIO_LARGE if large else TARGET_RATIO
     plain, ours, cold = cases["plain"], cases["ours"], cases.get("ours-cold")
-    value = ratio(ours.medians["seconds"], plain.medians["seconds"])
-    result.ratios[f"ours_over_plain/{label}"] = value
+    value = _stage_ratios(result, "ours_over_plain", label, ours, plain)
     for stage in STAGES:
-        key = f"{stage}_s"
-        if key in ours.medians and key in plain.medians:
-            result.ratios[f"ours_over_plain/{label}/{stage}"] = ratio(
-                ours.medians[key], plain.medians[key]
-            )
         result.medians[f"batches/{label}/{stage}"] = ours.medians.get(f"batches_{stage}", 0.0)
     protocol_s = ours.medians["protocol_s"]
     result.medians[f"protocol_s/{label}"] = protocol_s
@@ -300,16 +294,23 @@ def _report(result: Result, label: str, scale: int, reps: int, cases: dict[str, 
         _report_cold(result, label, large, reps, plain, cold)
 
 
-def _report_cold(result: Result, label: str, large: bool, reps: int, plain: Any, cold: Any) -> None:
-    result.ratios[f"cold_over_plain/{label}"] = ratio(
-        cold.medians["seconds"], plain.medians["seconds"]
-    )
+def _stage_ratios(result: Result, prefix: str, label: str, side: Any, plain: Any) -> float:
+    """``<prefix>/<label>`` (whole run) and ``<prefix>/<label>/<stage>`` of ``side`` over plain;
+    returns the whole run's."""
+    value = ratio(side.medians["seconds"], plain.medians["seconds"])
+    result.ratios[f"{prefix}/{label}"] = value
     for stage in STAGES:
         key = f"{stage}_s"
-        if key in cold.medians and key in plain.medians:
-            result.ratios[f"cold_over_plain/{label}/{stage}"] = ratio(
-                cold.medians[key], plain.medians[key]
+        if key in side.medians and key in plain.medians:
+            result.ratios[f"{prefix}/{label}/{stage}"] = ratio(
+                side.medians[key], plain.medians[key]
             )
+    return value
+
+
+def _report_cold(result: Result, label: str, large: bool, reps: int, plain: Any, cold: Any) -> None:
+    _stage_ratios(result, "cold_over_plain", label, cold, plain)
+    for stage in STAGES:
         result.medians[f"cold_batches/{label}/{stage}"] = cold.medians.get(f"batches_{stage}", 0.0)
     result.medians[f"cold_s/{label}"] = cold.medians["seconds"]
     cold_down, plain_down = _downstream(cold.medians), _downstream(plain.medians)
