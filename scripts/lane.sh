@@ -77,6 +77,7 @@ case "$lane" in
       tests/spark35
       tests/spark/test_runtime_pipeline.py
       tests/spark/test_stage_values.py
+      tests/spark/test_py4j_nodelay.py
       tests/integration/test_windows_spark.py
       tests/integration/test_sinks_spark.py
       tests/integration/test_sinks_sql_spark.py

@@ -29,6 +29,7 @@ from airflow_finalckpt.pyspark_compat import local_copy
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
 from airflow_finalckpt.spark.plans import InputTags, plan_tree
+from airflow_finalckpt.spark.py4j_nodelay import disable_nagle
 from airflow_finalckpt.spark.split_keys import (
     SPLIT_KEYS_HANDLE,
     batch_values,
@@ -262,13 +263,20 @@ class SparkStageLogic:
         self.plan_check: PlanCheck | None = None
         self.check_ms: list[float] = []
         self._prepared: tuple[Batch, BatchContext, DataFrame | None] | None = None
+        self._nodelay_tried = False
 
     @property
     def spark(self) -> SparkSession:
-        """Created on first use: a stage that is skipped on restore never starts Spark."""
+        """Created on first use: a stage that is skipped on restore never starts Spark. The
+        first use also turns Nagle's algorithm off on this thread's py4j connection
+        (``py4j_nodelay``: 40 ms per large py4j reply otherwise).
+        """
         if not is_spark_session(self._spark):
             factory: Callable[[], SparkSession] = self._spark  # type: ignore[assignment]
             self._spark = factory()
+        if not self._nodelay_tried:
+            self._nodelay_tried = True
+            disable_nagle(self._spark)
         return self._spark  # type: ignore[return-value]
 
     @property
@@ -378,16 +386,18 @@ class SparkStageLogic:
             part = f"data/{self.stage_id}/{key}"
             location = spark_path(self._resolve(part))
             frame.write.mode("overwrite").parquet(location)
-            written = self.spark.read.schema(frame.schema).parquet(location)
-            if keyed:
-                values = batch_values(written, self.split_keys, self.stage_id)
-                self.handles[SPLIT_KEYS_HANDLE] = record_batch_values(
-                    self.storage, self.pipeline_key, self.stage_id, self.handles, key, values
-                )
-            if self.sinks:
-                # The sinks read the part just written instead of computing the frame again
-                # (or caching it for every batch of a stage without sinks).
-                self._write_sinks(written, txn_ids)
+            if keyed or self.sinks:
+                # The split keys and the sinks read the part just written instead of computing
+                # the frame again (or caching it for every batch of a stage without sinks);
+                # without them nothing reads it back here (a file listing saved).
+                written = self.spark.read.schema(frame.schema).parquet(location)
+                if keyed:
+                    values = batch_values(written, self.split_keys, self.stage_id)
+                    self.handles[SPLIT_KEYS_HANDLE] = record_batch_values(
+                        self.storage, self.pipeline_key, self.stage_id, self.handles, key, values
+                    )
+                if self.sinks:
+                    self._write_sinks(written, txn_ids)
             parts = (part,)
         self.persist_state()
         self.watermark = ctx.watermark
