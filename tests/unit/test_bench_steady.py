@@ -10,7 +10,8 @@ import pytest
 
 from benchmarks import x100
 from benchmarks.cold_profile import differences, sequence
-from benchmarks.pipelines import COMPLETE_MARKER, cached
+from benchmarks.common import Case
+from benchmarks.pipelines import COMPLETE_MARKER, STAGES, cached
 from benchmarks.process_stats import (
     children_of,
     deltas,
@@ -20,7 +21,7 @@ from benchmarks.process_stats import (
     sum_peaks,
 )
 from benchmarks.run import OPT_IN, resolve
-from benchmarks.steady_state import rotation
+from benchmarks.steady_state import _paired_downstream, rotation
 
 STATUS = """Name:\tjava
 VmPeak:\t 4221016 kB
@@ -28,6 +29,21 @@ VmHWM:\t  946872 kB
 VmRSS:\t  900000 kB
 Threads:\t42
 """
+
+
+def _stages(name: str, runs: list[tuple[float, float, float, float]]) -> Case:
+    case = Case(name)
+    for run in runs:
+        for stage, seconds in zip(STAGES, run, strict=True):
+            case.add(f"{stage}_s", seconds)
+    return case
+
+
+def test_paired_enrich_to_publish_ratios_cancel_a_drift_that_moves_both_sides() -> None:
+    # the machine slows down 2x between the repetitions; ours is 10 % dearer in both
+    plain = _stages("plain", [(9.0, 1.0, 1.0, 1.0), (1.0, 2.0, 2.0, 2.0)])
+    ours = _stages("ours", [(1.0, 1.1, 1.1, 1.1), (9.0, 2.2, 2.2, 2.2)])
+    assert _paired_downstream(ours, plain) == pytest.approx([1.1, 1.1])
 
 
 @pytest.mark.parametrize("reps", [2, 4])
