@@ -68,6 +68,7 @@ TARGET_RATIO_LARGE = 1.05
 COLD_TARGET = 1.15
 COLD_TARGET_LARGE = 1.10
 DOWNSTREAM = ("enrich", "delay_windows", "publish")
+DOWNSTREAM_SECONDS = tuple(f"{stage}_s" for stage in DOWNSTREAM)
 SIDE_NAMES = {
     "plain": "plain",
     "ours": "ours (warm: hints of earlier runs)",
@@ -129,7 +130,7 @@ def _rates(result: Result, prefix: str, hints: Any, first: bool = False) -> None
 
 
 def _downstream(medians: dict[str, Any]) -> float:
-    return sum(medians.get(f"{s}_s", 0.0) for s in DOWNSTREAM)
+    return sum(medians.get(key, 0.0) for key in DOWNSTREAM_SECONDS)
 
 
 def rotation(rep: int, sides: Sequence[str]) -> list[str]:
@@ -265,16 +266,14 @@ def _report(result: Result, label: str, scale: int, reps: int, cases: dict[str, 
     result.ratios[f"protocol_over_plain/{label}"] = ratio(protocol_s, plain.medians["seconds"])
     result.medians[f"plain_s/{label}"] = plain.medians["seconds"]
     result.medians[f"ours_s/{label}"] = ours.medians["seconds"]
-    paired = [
-        ratio(o, p) for o, p in zip(ours.samples["seconds"], plain.samples["seconds"], strict=True)
-    ]
+    paired = _paired(ours, plain, ("seconds",))
     result.medians[f"paired_ratio_median/{label}"] = median(paired)
     ours_down, plain_down = _downstream(ours.medians), _downstream(plain.medians)
     down_ratio = ratio(ours_down, plain_down)
     result.ratios[f"ours_over_plain/{label}/after_ingest"] = down_ratio
     # Shown, not judged: the runs of one repetition are neighbours in time, and the machine's
     # drift moves them together (docs/benchmarks.md), which their ratio cancels.
-    paired_down = _paired_downstream(ours, plain)
+    paired_down = _paired(ours, plain, DOWNSTREAM_SECONDS)
     result.medians[f"paired_ratio_median/{label}/after_ingest"] = median(paired_down)
     result.targets.append(
         Target(
@@ -300,12 +299,11 @@ def _report(result: Result, label: str, scale: int, reps: int, cases: dict[str, 
         _report_cold(result, label, large, reps, plain, cold)
 
 
-def _paired_downstream(side: Any, plain: Any) -> list[float]:
-    """Per repetition, ``side``'s enrich..publish seconds over plain's."""
+def _paired(side: Any, plain: Any, metrics: Sequence[str]) -> list[float]:
+    """Per repetition, the sum of ``metrics`` of ``side``'s run over that of plain's."""
 
     def per_run(case: Any) -> list[float]:
-        columns = [case.samples.get(f"{s}_s", []) for s in DOWNSTREAM]
-        return [sum(run) for run in zip(*columns, strict=True)]
+        return [sum(run) for run in zip(*(case.samples[m] for m in metrics), strict=True)]
 
     return [ratio(o, p) for o, p in zip(per_run(side), per_run(plain), strict=True)]
 

@@ -21,7 +21,7 @@ from benchmarks.process_stats import (
     sum_peaks,
 )
 from benchmarks.run import OPT_IN, resolve
-from benchmarks.steady_state import _paired_downstream, rotation
+from benchmarks.steady_state import DOWNSTREAM_SECONDS, _paired, rotation
 
 STATUS = """Name:\tjava
 VmPeak:\t 4221016 kB
@@ -43,7 +43,7 @@ def test_paired_enrich_to_publish_ratios_cancel_a_drift_that_moves_both_sides() 
     # the machine slows down 2x between the repetitions; ours is 10 % dearer in both
     plain = _stages("plain", [(9.0, 1.0, 1.0, 1.0), (1.0, 2.0, 2.0, 2.0)])
     ours = _stages("ours", [(1.0, 1.1, 1.1, 1.1), (9.0, 2.2, 2.2, 2.2)])
-    assert _paired_downstream(ours, plain) == pytest.approx([1.1, 1.1])
+    assert _paired(ours, plain, DOWNSTREAM_SECONDS) == pytest.approx([1.1, 1.1])
 
 
 @pytest.mark.parametrize("reps", [2, 4])
