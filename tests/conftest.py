@@ -26,7 +26,7 @@ PG_CONNECT_TIMEOUT_S = 5
 #: fault-campaign subprocesses, the e2e Airflow task processes: spark-submit adds
 #: SPARK_SUBMIT_OPTS to the driver JVM it launches). The suite's JVMs live seconds to minutes on
 #: small data and 2 shared cores, where C2 compilation and parallel GC threads were about half
-#: of their CPU (docs/testing.md, "Where the suite's CPU goes"); C1 alone and one GC thread
+#: of their CPU (docs/testing.md, "Why the suite is shaped so"); C1 alone and one GC thread
 #: compute the same results. ``spark.*`` system properties are SparkConf defaults: 4 shuffle
 #: partitions instead of 200 for the tiny data of DAGs that set none (a session's or a DAG's
 #: own setting wins). A value set by the caller wins.
