@@ -8,7 +8,10 @@ one Delta transaction carrying an application transaction (``txn``) record.
   ``txn(appId=<app_id>, version=<previous + 1>)`` and ``finalckpt.txn-id`` in its commitInfo.
   Before the first attempt the table version is written into the manifest: a replay reads the
   log after that version only, and finds its own commit (the ``txn`` version it carries is a
-  monotonic count of this sink's commits). The log entry is created exclusively (no automatic
+  monotonic count of this sink's commits); the commit also carries one ``txn`` record per
+  transaction (``appId=finalckpt-<sink_id>/<txn_id>``), which the log's checkpoints keep when
+  log cleanup removes the JSON entry, so a replay after a cleanup finds it too. The log entry
+  is created exclusively (no automatic
   retry), so two committers of one transaction cannot both succeed; the loser re-checks the log.
   A commit lost to another writer (concurrent runs) is retried on the new version, bounded
   (``commit_retry``).
@@ -215,10 +218,16 @@ class DeltaTableSink(StagedTableSink):
         table = self._open()
         if table is None:
             return set()
-        found: set[str] = set()
+        found = {t for t in attempted if table.transaction_version(self._txn_app_id(t))}
         for info in self._commits_after(table, min(attempted.values())):
             found |= self._all_mine(info)
         return set(attempted) & found
+
+    def _txn_app_id(self, txn_id: str) -> str:
+        """The ``txn`` application id recording one transaction's commit (log cleanup keeps
+        ``txn`` records in the checkpoints; it drops the commit info).
+        """
+        return f"finalckpt-{self.sink_id}/{txn_id}"
 
     def _table_txn_ids(self) -> set[str]:
         table = self._open()
@@ -384,7 +393,10 @@ class DeltaTableSink(StagedTableSink):
         properties = CommitProperties(
             custom_metadata=metadata,
             max_commit_retries=0,  # the log entry is created exclusively; we re-check
-            app_transactions=[Transaction(app_id=self.app_id, version=app_version)],
+            app_transactions=[
+                Transaction(app_id=self.app_id, version=app_version),
+                *(Transaction(app_id=self._txn_app_id(t), version=1) for t in manifests),
+            ],
         )
         try:
             if table is None:

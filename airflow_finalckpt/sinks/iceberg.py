@@ -10,9 +10,11 @@
   rewritten by pyiceberg's delete, in the same table commit), see ``staged_replace``.
 - commit: ONE fast-append snapshot adds the files (metadata only: pyiceberg reads the Parquet
   footers for the column statistics, never the data), with ``finalckpt.txn-id`` in the snapshot
-  summary. A replayed commit finds the id in the table's snapshot history and does nothing; a
-  commit lost to another writer (concurrent runs) is retried on the new version, bounded
-  (``commit_retry``).
+  summary and, in the same table commit, a table property ``finalckpt.committed.<sink_id>/<txn_id>``
+  (dropped by a later commit once the transaction's committed marker exists). A replayed commit
+  finds the id in the snapshot history or, after ``expire_snapshots`` removed that snapshot, in
+  the property, and does nothing; a commit lost to another writer (concurrent runs) is retried
+  on the new version, bounded (``commit_retry``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
 #: first runs race to create.
 CREATE_ATTEMPTS = 3
 COMMIT_NUM_RETRIES = "commit.retry.num-retries"
+#: Table property prefix of the commit records (``finalckpt.committed.<sink_id>/<txn_id>``).
+COMMITTED_PROPERTY_PREFIX = "finalckpt.committed."
 DATA_PATH_PROPERTY = "write.data.path"
 
 
@@ -400,12 +404,32 @@ class IcebergTableSink(StagedTableSink):
     # -- commit ------------------------------------------------------------------------------
 
     def _summary_txn_ids(self, table: Table) -> set[str]:
-        found: set[str] = set()
+        """The sink's transactions in the table: in the summaries of the snapshots still in
+        the history, and in the commit records that ``expire_snapshots`` does not remove.
+        """
+        found = set(self._commit_records(table))
         for snapshot in table.snapshots():
             summary = snapshot.summary
             if summary is not None and summary.get(SINK_ID_KEY) == self.sink_id:
                 found |= txn_ids_of(summary, TXN_ID_KEY)
         return found
+
+    def _commit_records(self, table: Table) -> dict[str, str]:
+        """Transaction id -> table property key of this sink's commit records."""
+        prefix = f"{COMMITTED_PROPERTY_PREFIX}{self.sink_id}/"
+        return {k[len(prefix) :]: k for k in table.properties if k.startswith(prefix)}
+
+    def _record_commit(self, transaction: Transaction, table: Table, txn_ids: list[str]) -> None:
+        """In the same table commit: a record of ``txn_ids`` in the table's properties, which
+        snapshot expiry keeps, so a replay after a crash before the committed markers and an
+        expiry still finds the commit. Records of transactions whose marker exists (which
+        says the same) are dropped, so they stay as few as the commits not yet marked.
+        """
+        prefix = f"{COMMITTED_PROPERTY_PREFIX}{self.sink_id}/"
+        marked = [key for t, key in self._commit_records(table).items() if self._has_marker(t)]
+        if marked:
+            transaction.remove_properties(*marked)
+        transaction.set_properties({f"{prefix}{t}": "1" for t in txn_ids})
 
     def _table_txn_ids(self) -> set[str]:
         table = self._load()
@@ -534,6 +558,7 @@ class IcebergTableSink(StagedTableSink):
                 if table.metadata.name_mapping() is None:
                     mapping = table.schema().name_mapping.model_dump_json()
                     transaction.set_properties({NAME_MAPPING_PROPERTY: mapping})
+                self._record_commit(transaction, table, txn_ids)
                 if replace:
                     self._replace_slice_in(transaction, table, files, summary)
                 else:
