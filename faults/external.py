@@ -24,9 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -40,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
 from faults.fake import FakeData
 from faults.injector import FaultSpec, read_events
+from faults.partition import PartitionedPostgres, partition_unavailable
 from faults.points import Action
+from faults.postgres import PG_BIN, PrivatePostgres, postgres_unavailable
 from faults.runs import (
     AttemptRunner,
     Environment,
@@ -54,7 +53,6 @@ from faults.worker import AttemptJob, AttemptOutcome, RunSetup
 if TYPE_CHECKING:
     from faults.verify import Verdict
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 #: tmpfs sizes a run fills mid-way, per what lives on the disk (calibrated on 2026-11-23: with
 #: 96 KiB the checkpoint storage fills in stage agg, after checkpoints completed; 16 KiB of
 #: Parquet sink fills in stage publish, after transactions were committed).
@@ -67,7 +65,7 @@ ATTEMPT_TIMEOUT_S = 180.0
 #: Attempts after the first before a scenario counts as unrecovered (a stop needs one more).
 RECOVERY_ATTEMPTS = 4
 STOP_NAMES = ("stop-savepoint", "stop-drain")
-NAMES = ("disk-full", "store-restart", *STOP_NAMES)
+NAMES = ("disk-full", "store-restart", "store-partition", *STOP_NAMES)
 
 
 # ------------------------------------------------------------------------------ a tiny disk
@@ -110,92 +108,6 @@ def resize_tmpfs(path: Path, size: str) -> None:
 
 
 # ------------------------------------------------------------------------------ a private server
-
-
-def postgres_unavailable(bindir: Path = PG_BIN) -> str | None:
-    """Why a private PostgreSQL cluster cannot be started here, or None."""
-    if not (bindir / "initdb").exists() or not (bindir / "pg_ctl").exists():
-        return f"PostgreSQL 15 binaries not found in {bindir}"
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            return "running as root but there is no 'postgres' user to run the private cluster"
-    return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class PrivatePostgres:
-    """A throw-away PostgreSQL cluster on a free port (trust auth on 127.0.0.1), so a test can
-    restart a server without touching the shared one."""
-
-    def __init__(self, bindir: Path = PG_BIN) -> None:
-        self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="finalckpt-pg-"))
-        self.data = self.root / "data"
-        self.port = free_port()
-        self.restarts = 0
-
-    @property
-    def admin_url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *args: str) -> None:
-        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        result = subprocess.run(
-            [*as_postgres, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            log = self.root / "server.log"
-            tail = log.read_text()[-2000:] if log.exists() else ""
-            raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip()}\n{tail}")
-
-    def _pg_ctl(self, *args: str) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", *args)
-
-    def start(self) -> None:
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres", "postgres")
-        self._run(
-            str(self.bindir / "initdb"),
-            "-D",
-            str(self.data),
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "--no-sync",
-        )
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on"
-        self._pg_ctl("-l", str(self.root / "server.log"), "-o", options, "start")
-
-    def restart(self, mode: str = "immediate") -> None:
-        """``immediate`` is a crash (no shutdown checkpoint, WAL recovery at start)."""
-        self._pg_ctl("-l", str(self.root / "server.log"), "-m", mode, "restart")
-        self.restarts += 1
-
-    def stop(self) -> None:
-        """Stop (if running) and delete the cluster."""
-        if (self.data / "postmaster.pid").exists():
-            with contextlib.suppress(RuntimeError):
-                self._pg_ctl("-m", "immediate", "stop")
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PrivatePostgres:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # ------------------------------------------------------------------------------ running
@@ -332,6 +244,7 @@ def execute_scenario(
             report.unexpected += scenario.after_first(setup, outcome)
         if outcome.status == "completed":
             report.completed = True
+            report.ended_at = time.monotonic()
             break
         if outcome.status == "suspended":
             report.unexpected += _resume_if_suspended(setup)
@@ -435,6 +348,59 @@ def store_restart_scenario(index: int, server: PrivatePostgres) -> Scenario:
         first=("failed",),
         watch=Watch("metadata-before-write", lambda _setup: server.restart("immediate")),
         after_first=lambda setup, _outcome: check_interrupted(setup, plan),
+    )
+
+
+@dataclass(frozen=True)
+class PartitionCase:
+    """The network to the store is cut for ``seconds`` while attempt 1 stalls at ``point``."""
+
+    point: str
+    stage: str
+    seconds: float
+    #: what the attempt was doing when the link went down
+    during: str
+
+    @property
+    def name(self) -> str:
+        return f"store-partition {self.seconds:g}s during {self.during}"
+
+
+#: The seeded sample (CI): every moment with a cut shorter than the call bounds (the calls wait
+#: and carry on), and a completion cut past them (the attempt fails; the server must release
+#: the pipeline's row lock). ``--partition-seconds`` (campaign) sets every cut's length instead.
+PARTITION_CASES = (
+    PartitionCase("before-ack", "agg", 5.0, "a batch record"),
+    PartitionCase("metadata-before-write", "agg", 5.0, "a checkpoint's completion"),
+    PartitionCase("before-commit", "publish", 5.0, "a sink commit"),
+    PartitionCase("before-close", "publish", 5.0, "a close"),
+    PartitionCase("metadata-before-write", "agg", 45.0, "a checkpoint's completion"),
+)
+
+
+def store_partition_scenario(
+    index: int, server: PartitionedPostgres, case: PartitionCase
+) -> Scenario:
+    """Attempt 1 stalls at ``case.point``; the link to the store (coordination and SQL sink)
+    goes down for ``case.seconds``. The attempt either carries on once the link is back or
+    fails within the connection's bounds (``store.engine.PG_NETWORK_DEFAULTS``); the recovery
+    starts after the link is back and must finish exactly once."""
+    stall = FaultSpec(case.point, Action.DELAY, stage=case.stage, delay_s=WINDOW_S)
+    plan = _plan(index, case.name, [stall], checkpoint_interval_s=0.0)
+
+    def cut(_setup: RunSetup) -> None:
+        server.cut(case.seconds)
+
+    def after_first(setup: RunSetup, _outcome: AttemptOutcome) -> list[str]:
+        server.wait_restored(case.seconds + 60)
+        return []
+
+    return Scenario(
+        case.name,
+        plan,
+        first=("failed", "completed"),
+        watch=Watch(case.point, cut),
+        after_first=after_first,
     )
 
 
@@ -587,6 +553,34 @@ def _store_restart_run(
             pg_env.cleanup()
 
 
+Planned = tuple[str, "str | None", Callable[[int], RunReport]]
+
+
+def _planned(
+    env: Environment, wanted: set[str], worker: AttemptRunner, bindir: Path
+) -> list[Planned]:
+    """The runs the names ask for: (name, why it cannot run here or None, the run)."""
+    runs: list[Planned] = []
+    if "disk-full" in wanted:
+        reason = mount_unavailable()
+        for target in DISK_FULL_SIZES:
+            disk_run = partial(_disk_full_run, env, target=target, worker=worker)
+            runs.append((f"disk-full ({target})", reason, disk_run))
+    if "store-restart" in wanted:
+        store = partial(_store_restart_run, env, worker=worker, bindir=bindir)
+        runs.append(("store-restart", postgres_unavailable(bindir), store))
+    if "store-partition" in wanted:
+        reason = partition_unavailable(bindir)
+        for case in PARTITION_CASES:
+            cut = partial(_store_partition_run, env, case=case, worker=worker, bindir=bindir)
+            runs.append((case.name, reason, cut))
+    for stop_case in STOP_CASES:
+        if f"stop-{stop_case.mode.value}" in wanted:
+            stop = partial(_stop_run, env, case=stop_case, worker=worker)
+            runs.append((stop_case.name, None, stop))
+    return runs
+
+
 def run_external(
     env: Environment,
     names: Sequence[str],
@@ -595,31 +589,13 @@ def run_external(
     first_index: int = 0,
     bindir: Path = PG_BIN,
 ) -> list[RunReport]:
-    """Run the named scenarios (``disk-full``, ``store-restart``, ``stop-savepoint``,
-    ``stop-drain``, ``stop`` = both stops, ``all``). One that cannot run here, or whose
-    harness fails, is reported as a run with an error saying why."""
+    """Run the named scenarios (``disk-full``, ``store-restart``, ``store-partition``,
+    ``stop-savepoint``, ``stop-drain``, ``stop`` = both stops, ``all``). One that cannot run
+    here, or whose harness fails, is reported as a run with an error saying why."""
 
-    wanted = expand_names(names)
-    runs: list[tuple[str, str | None, Callable[[int], RunReport]]] = []
-    if "disk-full" in wanted:
-        reason = mount_unavailable()
-        for target in DISK_FULL_SIZES:
-            runs.append(
-                (
-                    f"disk-full ({target})",
-                    reason,
-                    partial(_disk_full_run, env, target=target, worker=worker),
-                )
-            )
-    if "store-restart" in wanted:
-        store = partial(_store_restart_run, env, worker=worker, bindir=bindir)
-        runs.append(("store-restart", postgres_unavailable(bindir), store))
-    for case in STOP_CASES:
-        if f"stop-{case.mode.value}" in wanted:
-            stop = partial(_stop_run, env, case=case, worker=worker)
-            runs.append((case.name, None, stop))
     reports = []
-    for index, (name, reason, run) in enumerate(runs, start=first_index):
+    planned = _planned(env, expand_names(names), worker, bindir)
+    for index, (name, reason, run) in enumerate(planned, start=first_index):
         if reason is not None:
             reports.append(RunReport(_plan(index, name), error=f"{name} not run: {reason}"))
             continue
@@ -629,6 +605,26 @@ def run_external(
             error = f"{name}: {type(exc).__name__}: {exc}"
             reports.append(RunReport(_plan(index, name), error=error))
     return reports
+
+
+def _store_partition_run(
+    env: Environment, index: int, case: PartitionCase, worker: AttemptRunner, bindir: Path
+) -> RunReport:
+    with PartitionedPostgres(bindir) as server:
+        pg_env = Environment(
+            env.workdir / f"store-partition-{index}",
+            store="postgres",
+            pg_admin_url=server.admin_url,
+        )
+        pg_env.prepare(spark=False)
+        try:
+            report = execute_scenario(pg_env, store_partition_scenario(index, server, case), worker)
+        finally:
+            pg_env.cleanup()
+    if server.cuts and server.cuts[-1][1] is not None and report.attempts:
+        end = server.cuts[-1][1]
+        report.recovery_after_fault_s = round(max(0.0, report.ended_at - end), 2)
+    return report
 
 
 def _stop_run(env: Environment, index: int, case: StopCase, worker: AttemptRunner) -> RunReport:

@@ -136,6 +136,10 @@ class RunReport:
     republished: list[str] = field(default_factory=list)
     ping_pong: list[str] = field(default_factory=list)
     close_latency_s: float | None = None
+    #: External runs: when the completing attempt ended (monotonic), and how long after the
+    #: external fault ended (a cut network restored) that was.
+    ended_at: float = 0.0
+    recovery_after_fault_s: float | None = None
 
     @property
     def is_hung(self) -> bool:
@@ -195,6 +199,7 @@ class RunReport:
             "republished": self.republished,
             "ping_pong": self.ping_pong,
             "close_latency_s": self.close_latency_s,
+            "recovery_after_fault_s": self.recovery_after_fault_s,
             "out_of_order": self.out_of_order,
             "late_closes": self.late_closes,
             "problems": self.problems(),

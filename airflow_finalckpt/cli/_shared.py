@@ -106,6 +106,6 @@ def _resolve_store_url(store_url: str | None) -> tuple[str, str]:
 
 def _engine(url: str) -> Engine:
     """An engine that gives up on an unreachable PostgreSQL instead of hanging."""
-    from airflow_finalckpt.store.engine import engine_kwargs, make_engine
+    from airflow_finalckpt.store.engine import make_engine
 
-    return make_engine(url, **engine_kwargs(url))
+    return make_engine(url)

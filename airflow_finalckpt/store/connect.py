@@ -39,7 +39,7 @@ from tenacity import (
 
 from airflow_finalckpt.config import mask_url
 from airflow_finalckpt.core.errors import ConfigurationError
-from airflow_finalckpt.store.engine import engine_kwargs, first_line, make_engine
+from airflow_finalckpt.store.engine import first_line, make_engine
 from airflow_finalckpt.store.migrate import require_schema
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def _wait(backoff_s: float, max_backoff_s: float) -> wait_exponential:
 
 def _connect_once(url: str) -> Engine:
     """One attempt: an engine with the schema at head; disposed of if the attempt fails."""
-    engine = make_engine(url, **engine_kwargs(url))
+    engine = make_engine(url)
     try:
         require_schema(engine)
     except BaseException:

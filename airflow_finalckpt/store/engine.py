@@ -24,6 +24,23 @@ SQLITE_POOL_SIZE = 5
 #: libpq's connect timeout when the URL sets none: a black-holed host fails an attempt after
 #: this long instead of the operating system's TCP timeout (minutes).
 PG_CONNECT_TIMEOUT_S = 10
+#: libpq connection settings that bound every call on an open connection when the network to
+#: the store drops (a partition answers nothing; without them a call waits for the kernel's
+#: retransmission limit, ~15 minutes): data unacknowledged for ``tcp_user_timeout`` ms fails
+#: the call, and keepalives find a silent peer while a call waits for its answer. The URL's
+#: own values win (``?keepalives_idle=60``, ``?tcp_user_timeout=0`` to turn one off). The
+#: server side gets keepalives too (``options``): a session whose client vanished behind a
+#: partition would otherwise keep its transaction, and the pipeline row lock, for the
+#: operating system's two hours, and every retry would wait on that lock.
+PG_NETWORK_DEFAULTS: dict[str, int | str] = {
+    "connect_timeout": PG_CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+    "options": "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3",
+}
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -51,6 +68,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             _fork_guard(engine)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    if parsed.get_backend_name() == "postgresql":
+        connect_args = kwargs.setdefault("connect_args", {})
+        for name, value in PG_NETWORK_DEFAULTS.items():
+            if name not in parsed.query:
+                connect_args.setdefault(name, value)
     return create_engine(parsed, **kwargs)
 
 
@@ -124,11 +146,3 @@ def first_line(exc: BaseException) -> str:
     cause = getattr(exc, "orig", None) or exc
     lines = str(cause).strip().splitlines()
     return lines[0].strip() if lines else type(cause).__name__
-
-
-def engine_kwargs(url: str) -> dict[str, Any]:
-    """``make_engine`` options: a PostgreSQL connect timeout unless the URL sets one."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        return {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}}
-    return {}
