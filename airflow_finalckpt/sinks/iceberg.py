@@ -35,6 +35,7 @@ from airflow_finalckpt.sinks.connections import (
     database_url,
     is_database,
 )
+from airflow_finalckpt.sinks.iceberg_tables import after_creation_races, schema_mismatch
 from airflow_finalckpt.sinks.staged import (
     CHECKPOINT_ID_KEY,
     SINK_ID_KEY,
@@ -53,65 +54,13 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.expressions import BooleanExpression
     from pyiceberg.manifest import DataFile
-    from pyiceberg.schema import Schema
     from pyiceberg.table import Table, Transaction
-    from pyiceberg.types import IcebergType
 
 NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
-#: Attempts at opening a new SQL catalog / creating a namespace and table that concurrent
-#: first runs race to create.
-CREATE_ATTEMPTS = 3
 COMMIT_NUM_RETRIES = "commit.retry.num-retries"
 #: Table property prefix of the commit records (``finalckpt.committed.<sink_id>/<txn_id>``).
 COMMITTED_PROPERTY_PREFIX = "finalckpt.committed."
 DATA_PATH_PROPERTY = "write.data.path"
-
-
-def _shape(kind: IcebergType) -> str:
-    """A type without its field ids, to compare schemas across tables."""
-    from pyiceberg.types import ListType, MapType, StructType
-
-    if isinstance(kind, StructType):
-        return "struct<" + ", ".join(f"{f.name}: {_shape(f.field_type)}" for f in kind.fields) + ">"
-    if isinstance(kind, ListType):
-        return f"list<{_shape(kind.element_type)}>"
-    if isinstance(kind, MapType):
-        return f"map<{_shape(kind.key_type)}, {_shape(kind.value_type)}>"
-    return str(kind)
-
-
-def lost_creation_race(exc: BaseException) -> bool:
-    """Whether creating a catalog's tables, a namespace or a table failed only because another
-    writer created it first (then loading it succeeds).
-    """
-    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
-    from sqlalchemy.exc import IntegrityError, OperationalError
-
-    if isinstance(exc, TableAlreadyExistsError | NamespaceAlreadyExistsError | IntegrityError):
-        return True
-    return isinstance(exc, OperationalError) and "already exists" in str(exc)
-
-
-def schema_mismatch(table: Schema, batch: Schema) -> str | None:
-    """Why a batch with schema ``batch`` cannot go into a table with ``table``; None if it can."""
-    have = {f.name: f for f in table.fields}
-    got = {f.name: f for f in batch.fields}
-    problems = []
-    if missing := [name for name in have if name not in got]:
-        problems.append(f"batch lacks columns {missing}")
-    if extra := [name for name in got if name not in have]:
-        problems.append(f"table has no columns {extra}")
-    changed = [
-        f"{name} {_shape(have[name].field_type)} vs {_shape(got[name].field_type)}"
-        for name in have.keys() & got.keys()
-        if _shape(have[name].field_type) != _shape(got[name].field_type)
-    ]
-    if changed:
-        problems.append(f"types differ (table vs batch): {sorted(changed)}")
-    nullable = [n for n in have.keys() & got.keys() if have[n].required and not got[n].required]
-    if nullable:
-        problems.append(f"columns {sorted(nullable)} are required in the table, nullable here")
-    return "; ".join(problems) or None
 
 
 class IcebergTableSink(StagedTableSink):
@@ -280,15 +229,12 @@ class IcebergTableSink(StagedTableSink):
             properties = self._bound_properties()
             if properties.get("type") == "sql" and self.warehouse is not None:
                 self._make_local_warehouse()
-            for attempt in range(CREATE_ATTEMPTS):
-                try:
-                    self._catalog_cache = load_catalog(self.catalog_name, **properties)
-                    break
-                except Exception as exc:  # a new SQL catalog's tables, created concurrently
-                    if attempt + 1 < CREATE_ATTEMPTS and lost_creation_race(exc):
-                        continue
-                    raise self._catalog_error("opening the catalog for", exc) from exc
-        assert self._catalog_cache is not None
+            try:  # a new SQL catalog's tables, created concurrently: the losers load them
+                self._catalog_cache = after_creation_races(
+                    lambda: load_catalog(self.catalog_name, **properties)
+                )
+            except Exception as exc:
+                raise self._catalog_error("opening the catalog for", exc) from exc
         return self._catalog_cache
 
     def _make_local_warehouse(self) -> None:
@@ -309,21 +255,18 @@ class IcebergTableSink(StagedTableSink):
         from pyiceberg.exceptions import NoSuchTableError
 
         catalog = self._catalog()
+
+        def load_or_create() -> Table | None:
+            try:
+                return catalog.load_table(self.table_name)
+            except NoSuchTableError:
+                if create_from is None:
+                    return None
+            catalog.create_namespace_if_not_exists(self.table_name.rsplit(".", 1)[0])
+            return catalog.create_table(self.table_name, schema=optional_schema(create_from))
+
         try:
-            for attempt in range(CREATE_ATTEMPTS):
-                try:
-                    return catalog.load_table(self.table_name)
-                except NoSuchTableError:
-                    if create_from is None:
-                        return None
-                try:
-                    catalog.create_namespace_if_not_exists(self.table_name.rsplit(".", 1)[0])
-                    schema = optional_schema(create_from)
-                    return catalog.create_table(self.table_name, schema=schema)
-                except Exception as exc:
-                    if attempt + 1 == CREATE_ATTEMPTS or not lost_creation_race(exc):
-                        raise
-            raise AssertionError("unreachable")  # pragma: no cover
+            return after_creation_races(load_or_create)
         except Exception as exc:
             doing = "loading" if create_from is None else "creating"
             raise self._catalog_error(doing, exc) from exc

@@ -11,14 +11,35 @@ or by a racing committer) changes nothing. Each transaction gets its committed m
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from airflow_finalckpt.core.model import SinkTransaction
 from airflow_finalckpt.sinks.base import NotPrecommittedError
 
-if TYPE_CHECKING:
-    from airflow_finalckpt.sinks.staged import StagedTableSink
+
+class StagedTableSink(Protocol):
+    """What a slice replace uses of ``sinks.staged.StagedTableSink`` (a Protocol, so that
+    module can call this one without this one importing it back).
+    """
+
+    sink_id: str
+    on_step: Callable[[str], None]
+
+    def _check_owned(self, txn: SinkTransaction) -> str: ...
+
+    def _require_checkpoint(self, txn: SinkTransaction) -> None: ...
+
+    def _manifest(self, txn_id: str) -> dict[str, Any] | None: ...
+
+    def _has_marker(self, txn_id: str) -> bool: ...
+
+    def _table_committed(self, candidates: dict[str, dict[str, Any] | None]) -> set[str]: ...
+
+    def _publish_replacing(self, manifests: dict[str, dict[str, Any]]) -> bool: ...
+
+    def _mark_committed(self, txn_id: str) -> None: ...
+
 
 #: Summary / commit-info key listing every transaction id a slice replace published.
 TXN_IDS_KEY = "finalckpt.txn-ids"

@@ -35,7 +35,7 @@ import os
 import posixpath
 import shutil
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
@@ -52,8 +52,29 @@ from airflow_finalckpt.core.model import (
 from airflow_finalckpt.storage.atomic import TEMP_MARKER, atomic_write
 from airflow_finalckpt.storage.paths import METADATA_FILE_NAME, normalize_state_path
 
-if TYPE_CHECKING:
-    from airflow_finalckpt.storage.checkpoint_storage import CheckpointStorage
+
+class _Location(Protocol):
+    @property
+    def checkpoint_dir(self) -> str: ...
+
+
+class CheckpointStorage(Protocol):
+    """What the savepoint copies use of ``storage.checkpoint_storage.CheckpointStorage`` (a
+    Protocol, so that module can call this one without this one importing it back).
+    """
+
+    fs: AbstractFileSystem
+
+    def pipeline_dir(self, pipeline_key: str) -> str:
+        """The pipeline's directory (a public URI or path)."""
+        ...
+
+    def locate(self, path: str) -> _Location:
+        """Where the checkpoint at a user-supplied path lives."""
+        ...
+
+    def _public(self, fs_path: str) -> str: ...
+
 
 log = logging.getLogger(__name__)
 

@@ -36,13 +36,19 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_fixed,
+)
 
 from airflow_finalckpt.config import CONNECTION_ID as DEFAULT_CONN_ID
 from airflow_finalckpt.config import MASK, load_settings, mask_storage_options, mask_url
 from airflow_finalckpt.coordination import Coordinator
 from airflow_finalckpt.core.errors import (
     ConfigurationError,
-    FinalCheckpointError,
     UnknownPipelineError,
     UnknownStageError,
 )
@@ -223,36 +229,18 @@ class _StagePollingTrigger(BaseTrigger):
         except Exception as exc:
             yield TriggerEvent(self._error(exc))
             return
-        transient_errors = 0
         while True:
             try:
-                found = await asyncio.to_thread(self._poll)
-                transient_errors = 0
-            except FinalCheckpointError as exc:
-                yield TriggerEvent(self._error(exc))
-                return
+                found = await self._poll_riding_out_store_errors()
             except Exception as exc:
-                if not _is_transient(exc):
-                    yield TriggerEvent(self._error(exc))
-                    return
-                transient_errors += 1
-                if transient_errors >= TRANSIENT_ERROR_LIMIT:
-                    yield TriggerEvent(
-                        self._error(
-                            exc,
-                            f"coordination store {mask_url(self.store_url)} failed "
-                            f"{transient_errors} times in a row",
-                        )
+                context = None
+                if _is_transient(exc):
+                    context = (
+                        f"coordination store {mask_url(self.store_url)} failed "
+                        f"{TRANSIENT_ERROR_LIMIT} times in a row"
                     )
-                    return
-                self.log.warning(
-                    "waiting for %s: coordination store error %d/%d (will retry): %s",
-                    self._where(),
-                    transient_errors,
-                    TRANSIENT_ERROR_LIMIT,
-                    exc,
-                )
-                found = _Poll()
+                yield TriggerEvent(self._error(exc, context))
+                return
             if found.payload is not None:
                 self.log.info("%s: %s", self._where(), found.payload)
                 yield TriggerEvent(found.payload)
@@ -265,6 +253,31 @@ class _StagePollingTrigger(BaseTrigger):
                     return
                 delay = min(delay, remaining)
             await asyncio.sleep(delay)
+
+    async def _poll_riding_out_store_errors(self) -> _Poll:
+        """One poll; a transient store error (lost connection, locked database) is retried
+        every poll interval, up to ``TRANSIENT_ERROR_LIMIT`` attempts in a row, with a warning
+        each time. Any other error, or the last transient one, is raised.
+        """
+
+        def warn(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            self.log.warning(
+                "waiting for %s: coordination store error %d/%d (will retry): %s",
+                self._where(),
+                state.attempt_number,
+                TRANSIENT_ERROR_LIMIT,
+                exc,
+            )
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(TRANSIENT_ERROR_LIMIT),
+            wait=wait_fixed(self.poll_interval),
+            before_sleep=warn,
+            reraise=True,
+        )
+        return await retrying(asyncio.to_thread, self._poll)
 
     def _error(self, exc: BaseException, context: str | None = None) -> dict[str, Any]:
         message = f"{type(exc).__name__}: {exc}"
