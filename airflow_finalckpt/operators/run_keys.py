@@ -71,11 +71,10 @@ def resolve_key(
         (operator_key, KeyOrigin.OPERATOR),
     ]
     run_id = str(context["run_id"])
+    link = dag_run_link(engine(), dag_id, run_id)
     for key, origin in explicit:
         if key:
-            link = dag_run_link(engine(), dag_id, run_id)
             return ResolvedKey(str(key), origin, instance, moved_link(link, str(key), instance))
-    link = dag_run_link(engine(), dag_id, run_id)
     choice = choose_default_key(
         link, instance, lambda generation: default_pipeline_key(dag_id, run_id, generation)
     )
