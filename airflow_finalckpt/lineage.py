@@ -122,7 +122,9 @@ def stage_lineage(operator: Any, task_instance: Any) -> Any:
     from openlineage.client.event_v2 import InputDataset
 
     context = task_instance.get_template_context()
-    coordinator = operator._hook().get_coordinator(operator._resolve_key(context))
+    coordinator = operator._hook().get_coordinator(
+        getattr(operator, "_pipeline_key", None) or operator._resolve_key(context).pipeline_key
+    )
     rows = committed_rows(coordinator.transactions(operator.stage_id))
     outputs = [
         output_dataset(sink, rows.get(sink.sink_id, 0))

@@ -104,10 +104,11 @@ class RetentionReport:
 
 def age_of(row: PipelineRow, run_exists: RunExists | None) -> PipelineAge:
     """What the retention rule needs of a stored pipeline (asking Airflow about its runs)."""
-    exists: list[bool | None] = []
+    exists: list[bool | None] = [None] * len(row.dag_runs)  # not asked
     if run_exists is not None:
         exists = [run_exists(dag_id, run_id) for dag_id, run_id in row.dag_runs]
-    return PipelineAge(row.pipeline_key, row.closed, row.last_change, tuple(exists))
+    superseded = row.superseded_by is not None
+    return PipelineAge(row.pipeline_key, row.closed, row.last_change, tuple(exists), superseded)
 
 
 def _pipeline_fs_dir(storage: CheckpointStorage, key: str) -> str:

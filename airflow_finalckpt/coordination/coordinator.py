@@ -58,6 +58,7 @@ from airflow_finalckpt.core.model import (
 )
 from airflow_finalckpt.core.rerun import Publication, TaskTry
 from airflow_finalckpt.core.restore import RestorePlan
+from airflow_finalckpt.core.run_instance import KeyChoice, RunInstance
 from airflow_finalckpt.core.views import (
     AckOutcome,
     BatchOutcome,
@@ -196,11 +197,27 @@ class Coordinator(CoordinatorReads):
         if materialize is not None:
             materialize(record, source)
 
-    def link_dag_run(self, dag_id: str, run_id: str) -> None:
+    def link_dag_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        choice: KeyChoice | None = None,
+        *,
+        instance: RunInstance | None = None,
+    ) -> None:
         """Record that an Airflow DAG run works on this pipeline (idempotent). A DAG run belongs
-        to one pipeline: linking it to another one is refused.
+        to one pipeline: linking it to another one is refused. ``instance``: its DAG run
+        instance (``core.run_instance``); ``choice``: how its default key was chosen (a
+        re-created run's link moves here from the pipeline it replaces).
         """
-        self.store.link_dag_run(dag_id, run_id, self.clock())
+        self.store.link_dag_run(
+            dag_id,
+            run_id,
+            self.clock(),
+            instance=instance,
+            generation=1 if choice is None else choice.generation,
+            replaces=None if choice is None else choice.replaces,
+        )
 
     # ------------------------------------------------------------------ stage attempts
 

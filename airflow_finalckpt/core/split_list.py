@@ -93,21 +93,45 @@ def check_finished_splits_declared(
     )
 
 
+def _ways_out(stage_id: str, origin: str) -> str:
+    """The ways out of a finished stage's changed split list that apply to where the run's
+    pipeline key came from (``core.pipeline_keys.KeyOrigin``'s values).
+    """
+    recompute = "reset the stage to recompute it (`finalckpt reset DAG_ID RUN_ID --stage "
+    recompute += f"{stage_id}`, then clear the task)"
+    keep = "declare the splits it finished with"
+    if origin == "conf":
+        first = (
+            'run it under a pipeline of its own (start the DAG run without "pipeline_key" in '
+            "its conf: each DAG run then gets its own)"
+        )
+    elif origin == "operator":
+        first = (
+            "run it under a pipeline of its own (the stage's pipeline_key argument gives this "
+            "run a finished pipeline: make it differ per run, or leave it out: one per DAG run)"
+        )
+    elif origin == "restore":
+        first = "restore a savepoint taken with the current inputs, or none (a new pipeline)"
+    else:  # the DAG run's own pipeline: nothing in the conf or the DAG to change
+        return f"{recompute}, or {keep}"
+    return f"{first}, {recompute}, or {keep}"
+
+
 def check_finished_split_list(
     stage_id: str,
     recorded: str | None,
     declared: Sequence[str],
+    key_origin: str = "default",
 ) -> None:
     """A finished stage is re-published only with the split list it finished: new or late
     input (a reused pipeline key, a file added to a finished day) must never be skipped
-    silently. Raises ``SplitListChangedError`` naming the rule and the ways out.
+    silently. Raises ``SplitListChangedError`` naming the rule and the ways out that apply to
+    where the pipeline key came from (``key_origin``).
     """
     if recorded is None or recorded == split_list_fingerprint(declared):
         return
     raise SplitListChangedError(
         f"stage {stage_id!r} is finished but now declares another list of {len(declared)} "
         f"splits (rule {FINISHED_SPLIT_LIST_RULE}): re-publishing it "
-        "would skip the new input; run it under a new pipeline key (the default, one per DAG "
-        "run: drop pipeline_key from the conf), reset the stage to recompute it (finalckpt "
-        "reset), or declare the splits it finished with"
+        f"would skip the new input; {_ways_out(stage_id, key_origin)}"
     )

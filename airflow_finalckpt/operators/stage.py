@@ -40,7 +40,7 @@ from airflow_finalckpt.core.errors import (
 )
 from airflow_finalckpt.core.graph import Stage, StageGraph
 from airflow_finalckpt.core.model import EndOfData
-from airflow_finalckpt.core.pipeline_keys import default_pipeline_key, hints_scope
+from airflow_finalckpt.core.pipeline_keys import KeyOrigin, default_pipeline_key, hints_scope
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.rerun import Publication
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY, parse_allow_drop_stages
@@ -66,6 +66,7 @@ from airflow_finalckpt.operators.publishing import (
     upstream_manifests,
 )
 from airflow_finalckpt.operators.rerun import prepare_attempt, record_publication
+from airflow_finalckpt.operators.run_keys import ResolvedKey, resolve_key
 from airflow_finalckpt.operators.spark_launch import SPARK_SUBMISSION_KEY, SparkLaunchMixin
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
 from airflow_finalckpt.runtime.runner import (
@@ -78,7 +79,6 @@ from airflow_finalckpt.sources.claims import claim_splits
 from airflow_finalckpt.spark.driver import spark_logic
 from airflow_finalckpt.spark.launch import ExecutionMode
 from airflow_finalckpt.storage import CheckpointStorage
-from airflow_finalckpt.store.repository import pipeline_of_dag_run
 from airflow_finalckpt.triggers.final_checkpoint import FinalCheckpointTrigger, StageResumeTrigger
 
 if TYPE_CHECKING:
@@ -274,14 +274,13 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         tasks = self._stage_tasks()
         return [tasks[u] for u in sorted(self.upstream_task_ids) if u in tasks]
 
-    def _resolve_key(self, context: Context) -> str:
-        conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
-        key = conf.get("pipeline_key") or self.pipeline_key
-        if not key:  # a DAG run linked before the keys changed keeps its pipeline (docs)
-            run_id = context["run_id"]
-            key = pipeline_of_dag_run(self._hook().get_engine(), self.dag_id, run_id)
-            key = key or default_pipeline_key(self.dag_id, run_id)
-        return str(key)
+    def _resolve_key(self, context: Context, restored_key: str | None = None) -> ResolvedKey:
+        """The conf's key, the operator's, a savepoint's, else the DAG run's own: the one it
+        is linked to (a run linked before the keys changed keeps it), a new one for a run
+        deleted and created again (``operators.run_keys``).
+        """
+        engine = self._hook().get_engine
+        return resolve_key(context, self.dag_id, self.pipeline_key, restored_key, engine)
 
     def _hook(self) -> FinalCkptHook:
         return FinalCkptHook(finalckpt_conn_id=self.finalckpt_conn_id)
@@ -299,7 +298,8 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         conf = (context["dag_run"].conf or {}) if context.get("dag_run") else {}
         restore_from = conf.get("restore_from")
         record = storage.read_checkpoint(str(restore_from)) if restore_from else None
-        key = record.pipeline_key if record is not None else self._resolve_key(context)
+        resolved = self._resolve_key(context, None if record is None else record.pipeline_key)
+        key, self._key_origin = resolved.pipeline_key, resolved.origin
         coordinator: Coordinator = hook.get_coordinator(key)
         graph, self._pipeline_key = self.pipeline_graph(), key
         # the one graph-change check of every start from existing progress, before any write
@@ -311,7 +311,18 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
             allow_drop_stages=parse_allow_drop_stages(conf.get(ALLOW_DROP_STAGES_KEY)),
             **drive_request(self.dag_id, context["run_id"], conf),
         )
-        coordinator.link_dag_run(self.dag_id, context["run_id"])
+        coordinator.link_dag_run(
+            self.dag_id, context["run_id"], resolved.choice, instance=resolved.instance
+        )
+        if resolved.choice is not None and resolved.choice.replaces is not None:
+            self.log.warning(
+                "DAG run %s was deleted and created again (Airflow gave it the same run id): "
+                "it works on %s pipeline %s, not on the deleted run's %s (docs/scheduling.md)",
+                context["run_id"],
+                "a new" if resolved.origin is KeyOrigin.DEFAULT else f"the {resolved.origin}'s",
+                key,
+                resolved.choice.replaces,
+            )
         if (line := started.describe()) is not None:
             self.log.warning("pipeline %s: %s", key, line)
         log_resume_point(self.log, coordinator, self.stage_id)
@@ -451,6 +462,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
                 attempt_lease_s=float(getattr(settings, "attempt_lease_s", 60)),
                 on_drain=drain_behaviour(self, FinalCheckpointStageOperator),
                 allow_split_list_change=self.allow_split_list_change,
+                key_origin=str(getattr(self, "_key_origin", KeyOrigin.DEFAULT)),
             ),
             upstream_manifests=dict(manifests),
             hints_scope=hints_scope(self.dag_id),

@@ -158,7 +158,7 @@ class StageRunner:
         before = self.coordinator.stage(stage_id)
         recorded = before.progress.split_list_sha256
         if before.lifecycle.is_finished:  # before start_attempt: a refusal records nothing
-            check_finished_split_list(stage_id, recorded, self.spec.splits)
+            check_finished_split_list(stage_id, recorded, self.spec.splits, self.spec.key_origin)
         view = self.coordinator.start_attempt(
             stage_id, total_splits=len(self.spec.splits), split_list_sha256=declared
         )

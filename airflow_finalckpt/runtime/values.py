@@ -59,6 +59,9 @@ class StageSpec:
     on_drain: str = "stop"
     #: Resume although finished splits are no longer declared (the operator argument).
     allow_split_list_change: bool = False
+    #: where the pipeline key came from (``core.pipeline_keys.KeyOrigin``): what a refusal
+    #: may suggest changing
+    key_origin: str = "default"
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 - validates batch_size and target_batch_s

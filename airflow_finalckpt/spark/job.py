@@ -98,6 +98,8 @@ class DriverJob:
     attempt_lease_s: float = 60.0
     on_drain: str = "stop"
     allow_split_list_change: bool = False
+    #: where the pipeline key came from (``StageSpec.key_origin``)
+    key_origin: str = "default"
     #: The Airflow run the stage works for (``RunContext.to_json``): JSON values, no Airflow.
     run_context: dict[str, Any] = field(default_factory=dict)
     format: int = JOB_FORMAT
@@ -134,6 +136,7 @@ class DriverJob:
             attempt_lease_s=float(spec.attempt_lease_s),
             on_drain=spec.on_drain,
             allow_split_list_change=spec.allow_split_list_change,
+            key_origin=spec.key_origin,
             run_context=stage.run.to_json(),
         )
 
@@ -152,6 +155,7 @@ class DriverJob:
                 attempt_lease_s=self.attempt_lease_s,
                 on_drain=self.on_drain,
                 allow_split_list_change=self.allow_split_list_change,
+                key_origin=self.key_origin,
             ),
             upstream_manifests=self.upstream_manifests,
             hints_scope=self.hints_scope,

@@ -40,6 +40,8 @@ class PipelineRow:
     checkpoints: int
     savepoints: int
     dag_runs: tuple[tuple[str, str], ...]
+    #: the pipeline of the re-created DAG run that replaced this one (None: not superseded)
+    superseded_by: str | None = None
 
     @property
     def closed(self) -> bool:
@@ -85,6 +87,7 @@ def pipeline_rows(engine: Engine, keys: Iterable[str] | None = None) -> list[Pip
             stage_counts.c.changed,
             checkpoint_counts.c.total.label("checkpoints"),
             checkpoint_counts.c.savepoints,
+            t.pipelines.c.superseded_by,
         )
         .outerjoin(stage_counts, stage_counts.c.pipeline_key == t.pipelines.c.pipeline_key)
         .outerjoin(
@@ -114,6 +117,7 @@ def pipeline_rows(engine: Engine, keys: Iterable[str] | None = None) -> list[Pip
             checkpoints=int(row.checkpoints or 0),
             savepoints=int(row.savepoints or 0),
             dag_runs=tuple(runs.get(str(row.pipeline_key), ())),
+            superseded_by=None if row.superseded_by is None else str(row.superseded_by),
         )
         for row in rows
     ]

@@ -10,11 +10,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Connection, Engine, select, update
 
 from airflow_finalckpt.core.errors import IllegalTransitionError, UnknownPipelineError
 from airflow_finalckpt.core.model import SinkTransaction, StageLifecycle
 from airflow_finalckpt.core.rerun import Publication
+from airflow_finalckpt.core.run_instance import RunInstance, RunLink, moves_record_forward
 from airflow_finalckpt.store import boundary as b
 from airflow_finalckpt.store import rows as r
 from airflow_finalckpt.store import schema as t
@@ -73,11 +74,24 @@ class CoordinationStore:
 
     # ------------------------------------------------------------------ DAG runs
 
-    def link_dag_run(self, dag_id: str, run_id: str, now: float) -> None:
+    def link_dag_run(
+        self,
+        dag_id: str,
+        run_id: str,
+        now: float,
+        *,
+        instance: RunInstance | None = None,
+        generation: int = 1,
+        replaces: str | None = None,
+    ) -> None:
         """Record that a DAG run works on this pipeline (idempotent); refused if it already
-        works on another one.
+        works on another one. ``instance``: its DAG run instance, recorded (and moved forward
+        as the run is cleared, ``core.run_instance``). ``replaces``: the pipeline of the
+        deleted run this one was re-created from: the link moves here, that one is superseded.
         """
         with self.engine.begin() as conn:
+            if replaces is not None and replaces != self.pipeline_key:
+                self._move_link(conn, dag_id, run_id, now, instance, generation, replaces)
             r.insert_ignore(
                 conn,
                 t.dag_runs,
@@ -86,18 +100,67 @@ class CoordinationStore:
                     "run_id": run_id,
                     "pipeline_key": self.pipeline_key,
                     "created_at": now,
+                    "run_instance": None if instance is None else instance.to_dict(),
+                    "generation": generation,
                 },
             )
-            owner = conn.execute(
-                select(t.dag_runs.c.pipeline_key).where(
-                    t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id
-                )
-            ).scalar_one()
+            mine = (t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id)
+            owner, recorded = conn.execute(
+                select(t.dag_runs.c.pipeline_key, t.dag_runs.c.run_instance).where(*mine)
+            ).one()
+            if instance is not None and owner == self.pipeline_key:
+                self._record_instance(conn, dag_id, run_id, recorded, instance)
         if owner != self.pipeline_key:
             raise IllegalTransitionError(
                 f"DAG run {run_id!r} of DAG {dag_id!r} already works on pipeline {owner!r}, "
                 f"not {self.pipeline_key!r} (a pipeline_key or restore_from in the conf of a "
                 "running DAG run cannot change)"
+            )
+
+    @staticmethod
+    def _record_instance(
+        conn: Connection, dag_id: str, run_id: str, recorded: Any, instance: RunInstance
+    ) -> None:
+        """Move the run's recorded instance forward (``core.run_instance``)."""
+        if moves_record_forward(RunInstance.from_dict(recorded), instance):
+            conn.execute(
+                update(t.dag_runs)
+                .where(t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id)
+                .values(run_instance=instance.to_dict())
+            )
+
+    def _move_link(
+        self,
+        conn: Connection,
+        dag_id: str,
+        run_id: str,
+        now: float,
+        instance: RunInstance | None,
+        generation: int,
+        replaces: str,
+    ) -> None:
+        """A re-created DAG run: its link leaves the deleted run's pipeline (if no task of
+        this run moved it already), which is marked superseded by this one.
+        """
+        moved = conn.execute(
+            update(t.dag_runs)
+            .where(
+                t.dag_runs.c.dag_id == dag_id,
+                t.dag_runs.c.run_id == run_id,
+                t.dag_runs.c.pipeline_key == replaces,
+            )
+            .values(
+                pipeline_key=self.pipeline_key,
+                created_at=now,
+                run_instance=None if instance is None else instance.to_dict(),
+                generation=generation,
+            )
+        )
+        if moved.rowcount:
+            conn.execute(
+                update(t.pipelines)
+                .where(t.pipelines.c.pipeline_key == replaces)
+                .values(superseded_by=self.pipeline_key)
             )
 
     def closed_before_dag_run(self, stage_id: str, dag_id: str, run_id: str) -> bool:
@@ -186,6 +249,23 @@ class CoordinationStore:
 
 
 # ---------------------------------------------------------------------- across pipelines
+
+
+def dag_run_link(engine: Engine, dag_id: str, run_id: str) -> RunLink | None:
+    """What the store recorded of a DAG run id (None if none of its stage tasks ran yet)."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(
+                t.dag_runs.c.pipeline_key, t.dag_runs.c.generation, t.dag_runs.c.run_instance
+            ).where(t.dag_runs.c.dag_id == dag_id, t.dag_runs.c.run_id == run_id)
+        ).first()
+    if row is None:
+        return None
+    return RunLink(
+        pipeline_key=str(row.pipeline_key),
+        generation=int(row.generation or 1),
+        instance=RunInstance.from_dict(row.run_instance),
+    )
 
 
 def pipeline_of_dag_run(engine: Engine, dag_id: str, run_id: str) -> str | None:

@@ -47,6 +47,8 @@ pipelines = Table(
     # The DAG run that drives the pipeline (``core.driving``): NULL until a stage task starts.
     Column("driver_dag_id", KEY, nullable=True),
     Column("driver_run_id", KEY, nullable=True),
+    # The pipeline of the re-created DAG run that replaced this one (``core.run_instance``).
+    Column("superseded_by", KEY, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
@@ -189,6 +191,10 @@ dag_runs = Table(
     Column("run_id", KEY, primary_key=True),
     Column("pipeline_key", KEY, nullable=False, index=True),
     Column("created_at", Float, nullable=False),
+    # What the Task SDK told the run's tasks of their DAG run instance (``core.run_instance``)
+    # and the default key's generation of this run id (NULL: 1).
+    Column("run_instance", JSON, nullable=True),
+    Column("generation", Integer, nullable=True),
     ForeignKeyConstraint(["pipeline_key"], [PIPELINE_FK], ondelete="CASCADE"),
 )
 

@@ -103,5 +103,5 @@ def test_a_dag_run_linked_under_an_older_key_keeps_its_pipeline(
 
     linked = op._resolve_key({"run_id": "manual__2026-01-01T00:00:00+00:00"})  # type: ignore[typeddict-item]
     fresh = op._resolve_key({"run_id": "manual__2026-01-02T00:00:00+00:00"})  # type: ignore[typeddict-item]
-    assert linked == key
-    assert fresh == default_pipeline_key(dag_id, "manual__2026-01-02T00:00:00+00:00")
+    assert linked.pipeline_key == key
+    assert fresh.pipeline_key == default_pipeline_key(dag_id, "manual__2026-01-02T00:00:00+00:00")

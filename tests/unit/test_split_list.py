@@ -79,3 +79,31 @@ def test_metadata_v2_carries_the_fingerprint() -> None:
 def test_a_bad_fingerprint_is_refused() -> None:
     with pytest.raises(ValueError, match="split_list_sha256"):
         StageCheckpointRecord(stage_id="s", status=StageStatus.RUNNING, split_list_sha256="x")
+
+
+@pytest.mark.parametrize(
+    ("origin", "says", "never"),
+    [
+        ("conf", ['without "pipeline_key" in its conf'], ["argument", "savepoint"]),
+        ("operator", ["pipeline_key argument"], ["conf", "savepoint"]),
+        ("restore", ["savepoint"], ["pipeline_key", "conf"]),
+        ("default", [], ["pipeline_key", "conf", "savepoint", "argument"]),
+    ],
+)
+def test_a_finished_stage_refusal_suggests_only_the_ways_out_of_its_case(
+    origin: str, says: list[str], never: list[str]
+) -> None:
+    """Issue 38: a run on its own default key was told to "drop pipeline_key from the conf"."""
+    from airflow_finalckpt.core.errors import SplitListChangedError
+    from airflow_finalckpt.core.split_list import check_finished_split_list
+
+    recorded = split_list_fingerprint(["a", "b"])
+    with pytest.raises(SplitListChangedError) as refused:
+        check_finished_split_list("agg", recorded, ["a", "b", "late"], origin)
+    message = str(refused.value)
+    assert "finalckpt reset DAG_ID RUN_ID --stage agg" in message
+    assert "declare the splits it finished with" in message
+    for text in says:
+        assert text in message, (origin, message)
+    for text in never:
+        assert text not in message, (origin, message)
