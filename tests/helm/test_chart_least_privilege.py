@@ -99,6 +99,14 @@ def test_the_signing_key_comes_from_an_existing_secret_only(render: Render, char
     }
     ref = "spark.kubernetes.driver.secretKeyRef.AIRFLOW__FINALCKPT__CODE_SIGNING_KEY"
     assert spark_defaults(rendered)[ref] == "finalckpt-signing:code-signing-key"
+    # what the submitting task asks of a cluster-mode driver with a configured key
+    from airflow_finalckpt.spark.job import STORE_URL_ENV
+    from airflow_finalckpt.spark.launch.submit import missing_secret_refs
+    from airflow_finalckpt.spark.secrets import CODE_KEY_ENV
+
+    needed = [STORE_URL_ENV, CODE_KEY_ENV]
+    assert missing_secret_refs(needed, spark_defaults(rendered)) == []
+    assert missing_secret_refs(needed, spark_defaults(render(K8S))) == [CODE_KEY_ENV]
     for config in rendered.all("ConfigMap"):
         assert "CODE_SIGNING_KEY" not in str(config.get("data", {})).replace(ref, ""), config
     # without a Secret: nothing rendered (the deployment generates a key in its store)
