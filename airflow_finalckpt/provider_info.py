@@ -180,10 +180,13 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         sensitive=True,
     ),
     "code_signing_key": _option(
-        "Key that seals (encrypts and signs) the stage code a submitted Spark driver "
-        "unpickles (code.pkl); the driver refuses a file sealed with another key. Unset: a key "
-        "derived from store_url. Set it (AIRFLOW__FINALCKPT__CODE_SIGNING_KEY_SECRET or a "
-        "secrets backend) wherever the checkpoint storage is shared.",
+        "Key that seals (encrypts and signs) the job spec and the stage code a submitted Spark "
+        "driver runs (spec.json, code.pkl); the driver refuses a file sealed with another key "
+        "before importing or unpickling anything. Unset: a random key the deployment generates "
+        "once and keeps in its coordination store (never derived from anything guessable). Set "
+        "it from a secret (AIRFLOW__FINALCKPT__CODE_SIGNING_KEY_SECRET, a secrets backend, the "
+        "Helm chart's codeSigningKey.existingSecret) to give Kubernetes cluster-mode drivers "
+        "the key through a Secret.",
         "string",
         None,
         None,

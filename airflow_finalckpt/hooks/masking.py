@@ -89,8 +89,8 @@ def mask_task_secrets(settings: FinalCkptSettings | None, sinks: Iterable[Any] =
 
 def code_signing_key() -> str | None:
     """``[finalckpt] code_signing_key`` (env, airflow.cfg, ``_secret`` / ``_cmd``), masked in
-    the task log; None when unset (``code.pkl`` is then sealed with a key derived from the
-    store URL, see ``spark.secrets``).
+    the task log; None when unset (``code.pkl`` and ``spec.json`` are then sealed with the
+    random key the deployment generated in its store, see ``store.deployment_secrets``).
     """
     value, _source = airflow_option("finalckpt", "code_signing_key")
     if value:

@@ -14,6 +14,8 @@ from airflow_finalckpt.hooks.masking import code_signing_key
 from airflow_finalckpt.operators.attempt import StageRun
 from airflow_finalckpt.spark.launch import ExecutionMode, SparkTarget, resolve_target
 from airflow_finalckpt.spark.launch.submit import SubmitLauncher
+from airflow_finalckpt.spark.secrets import SigningKey
+from airflow_finalckpt.store.deployment_secrets import CODE_SIGNING_KEY, ensure_secret
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -101,7 +103,7 @@ class SparkLaunchMixin:
             spark_conf=self.spark_conf,
             app_name=f"finalckpt-{self.dag_id}-{self.task_id}",
             log=self.log,
-            code_signing_key=code_signing_key(),
+            code_signing_key=self._signing_key(coordinator),
         )
         self._launcher: SubmitLauncher | None = launcher
         driver_job, pickled = launcher.build_job(job, code)
@@ -125,6 +127,20 @@ class SparkLaunchMixin:
             closer=self._closer(coordinator, outcome.epoch),
             spark_started=True,
         )
+
+    @staticmethod
+    def _signing_key(coordinator: Coordinator) -> SigningKey:
+        """``[finalckpt] code_signing_key``, else the deployment's generated key from the store
+        (created by the first task that needs it); masked in the task log either way.
+        """
+        configured = code_signing_key()
+        if configured:
+            return SigningKey(configured, configured=True)
+        from airflow.sdk.log import mask_secret
+
+        generated = ensure_secret(coordinator.engine, CODE_SIGNING_KEY)
+        mask_secret(generated)
+        return SigningKey(generated, configured=False)
 
     def on_kill(self) -> None:
         """Stop the Spark work of this attempt (its uncommitted batch is redone later): the

@@ -2,14 +2,17 @@
 
 ``spark_logic`` is the stage logic factory of every Spark execution mode (in the Airflow task,
 in-process or Spark Connect, and in a submitted driver). ``spark-submit .../driver.py --job
-<spec URI>`` runs ``run_job``: it reads the job spec and the stage code the Airflow task wrote
-(see ``spark.job``), assembles the stage runtime (``runtime.assembly``) against the
-coordination store and the checkpoint storage, heartbeats while it runs and writes its
+<spec URI>`` runs ``run_job``: it opens the sealed job spec and the sealed stage code the
+Airflow task wrote (``spark.job``, ``spark.sealed_spec``) with the deployment's signing key
+before it imports or unpickles anything, assembles the stage runtime (``runtime.assembly``)
+against the coordination store and the checkpoint storage, heartbeats while it runs and writes its
 ``RunResult`` (or its error) as ``result.json`` beside the spec. The coordination store URL, the
 code key and credential storage options come from the secrets file ``--secrets`` names (removed
 once read; ``spark.secrets``), else from the environment (``AIRFLOW__FINALCKPT__STORE_URL``,
 set from a Kubernetes Secret); the storage root from ``..._STORAGE_URI``; never from the spec
-file. ``code.pkl`` is unpickled only after its seal verified.
+file. The signing key comes from the secrets file, else ``AIRFLOW__FINALCKPT__CODE_SIGNING_KEY``
+(a Kubernetes Secret), else the key the deployment generated in its coordination store. A spec
+or code file that does not verify is refused with one line in ``result.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import pickle
+import posixpath
 import socket
 import sys
 import threading
@@ -45,11 +49,25 @@ from airflow_finalckpt.spark.job import (
     STORE_URL_ENV,
     DriverJob,
     Files,
-    resolve_reference,
     result_to_json,
 )
-from airflow_finalckpt.spark.secrets import CODE_KEY_ENV, code_key, open_code, read_secrets_file
+from airflow_finalckpt.spark.sealed_spec import (
+    OpenedSpec,
+    check_code,
+    check_location,
+    declared_reference,
+    open_spec,
+)
+from airflow_finalckpt.spark.secrets import (
+    CODE_KEY_ENV,
+    MissingSigningKeyError,
+    UntrustedCodeError,
+    code_key,
+    open_code,
+    read_secrets_file,
+)
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.deployment_secrets import CODE_SIGNING_KEY, stored_secret
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import auto_migrate_default, require_schema
 from airflow_finalckpt.store_password import with_store_password
@@ -146,10 +164,12 @@ class Heartbeat(threading.Thread):
                 log.warning("driver %s: heartbeat failed: %s", self.sid, exc)
 
 
-def _load_code(job: DriverJob, files: Files, key: bytes) -> StageCode:
-    """The stage's code: by ``module:qualname`` reference, or unpickled from ``code.pkl``
-    once its seal verified with ``key`` (a tampered or unsigned file is refused unread).
+def _load_code(opened: OpenedSpec, files: Files, signing_key: str) -> StageCode:
+    """The stage's code: references the sealed spec declares, or unpickled from ``code.pkl``
+    once it proved to be the file sealed with the spec and its own seal verified (a tampered,
+    swapped or unsigned file is refused unread).
     """
+    job = opened.job
     sid = job.submission_id
     pickled: dict[str, Any] = {}
     if any(v == "pickle" for v in job.code.values()):
@@ -157,7 +177,8 @@ def _load_code(job: DriverJob, files: Files, key: bytes) -> StageCode:
         blob = files.read(sid, "code.pkl")
         if blob is None:
             raise RuntimeError(f"code file {where} is missing")
-        pickled = pickle.loads(open_code(blob, key, where))  # sealed by the Airflow task
+        check_code(blob, opened, where)
+        pickled = pickle.loads(open_code(blob, code_key(signing_key), where))  # sealed by the task
 
     def load(name: str) -> Any:
         how = job.code.get(name)
@@ -165,7 +186,7 @@ def _load_code(job: DriverJob, files: Files, key: bytes) -> StageCode:
             return None
         if how == "pickle":
             return pickled[name]
-        return resolve_reference(how[len("ref:") :])
+        return declared_reference(how, name, files.path(sid, "spec.json"))
 
     sinks = tuple(load("sinks") or ())
     return StageCode(load("transform"), load("on_finish"), sinks, load("split_bytes"))
@@ -179,10 +200,8 @@ def _bind_connections(code: StageCode, secrets: dict[str, Any]) -> StageCode:
     return code
 
 
-def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
-    """The coordination store from the secrets file (else the environment): the Airflow
-    task's, or a clear error.
-    """
+def _store_url(secrets: dict[str, Any]) -> str:
+    """The coordination store from the secrets file (else the environment), or a clear error."""
     store_url = secrets.get("store_url") or os.environ.get(STORE_URL_ENV)
     if store_url:  # Kubernetes: the chart's password-free URL + the password from a Secret
         store_url = with_store_password(store_url)
@@ -191,12 +210,58 @@ def _store_url(job: DriverJob, secrets: dict[str, Any]) -> str:
             f"the driver got no coordination store: no --secrets file and no {STORE_URL_ENV} "
             "(in Kubernetes cluster mode: from a Secret, spark.kubernetes.driver.secretKeyRef)"
         )
+    return str(store_url)
+
+
+def _check_store(job: DriverJob, store_url: str) -> None:
+    """The driver's store must be the Airflow task's."""
     if mask_url(store_url) != job.store_url_masked:
         raise RuntimeError(
             f"the driver's coordination store {mask_url(store_url)} is not the Airflow "
             f"task's {job.store_url_masked}"
         )
-    return store_url
+
+
+def signing_key(secrets: dict[str, Any], engine: Engine) -> str:
+    """The deployment's signing key: the secrets file's, the environment's (a Kubernetes
+    Secret), else the one the deployment generated in its store.
+    """
+    key = secrets.get("code_signing_key") or os.environ.get(CODE_KEY_ENV)
+    key = key or stored_secret(engine, CODE_SIGNING_KEY)
+    if not key:
+        raise MissingSigningKeyError(
+            f"driver: no code signing key: no --secrets file, no {CODE_KEY_ENV} and none in "
+            "the coordination store (the Airflow task generates it there when it seals code)"
+        )
+    return str(key)
+
+
+def open_job(storage: CheckpointStorage, job_uri: str, key: str) -> OpenedSpec:
+    """The verified job of ``job_uri``: sealed with ``key`` and written in its own directory."""
+    opened = open_spec(bytes(storage.fs.cat_file(job_uri)), key, job_uri)
+    job = opened.job
+    own = Files(storage, job.pipeline_key, job.stage_id).path(job.submission_id, "spec.json")
+    strip = storage.fs._strip_protocol
+    check_location(strip(storage.resolve_handle(job.pipeline_key, own)), strip(job_uri))
+    return opened
+
+
+def _error_doc(exc: BaseException, epoch: int | None) -> bytes:
+    """``result.json`` of a failed driver; a refusal is its one line, without a traceback."""
+    error = {"type": type(exc).__name__, "message": str(exc)}
+    if not isinstance(exc, UntrustedCodeError | MissingSigningKeyError):
+        error["traceback"] = traceback.format_exc(limit=20)
+    return json.dumps({"error": error, "epoch": epoch}).encode()
+
+
+def _refuse(storage: CheckpointStorage, job_uri: str, exc: BaseException) -> int:
+    """Report a driver that could not open its job in ``result.json`` beside the spec."""
+    result = posixpath.join(posixpath.dirname(job_uri.rstrip("/")), "result.json")
+    try:
+        storage.fs.pipe_file(result, _error_doc(exc, None))
+    finally:
+        log.error("driver refused its job %s: %s: %s", job_uri, type(exc).__name__, exc)
+    return 1
 
 
 def open_driver_store(store_url: str) -> Engine:
@@ -216,8 +281,29 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
     """Run the submitted stage attempt; 0 with its result, 1 with its error in result.json."""
     secrets = read_secrets_file(secrets_file)
     storage = _storage_from_env(secrets)
-    fs = storage.fs
-    job = DriverJob.from_json(bytes(fs.cat_file(job_uri)))
+    engine: Engine | None = None
+    try:  # nothing of the job is used before its seal verified
+        store_url = _store_url(secrets)
+        engine = open_driver_store(store_url)
+        key = signing_key(secrets, engine)
+        opened = open_job(storage, job_uri, key)
+        _check_store(opened.job, store_url)
+    except BaseException as exc:
+        if engine is not None:
+            engine.dispose()
+        return _refuse(storage, job_uri, exc)
+    return _run_opened(opened, storage, engine, key, secrets)
+
+
+def _run_opened(
+    opened: OpenedSpec,
+    storage: CheckpointStorage,
+    engine: Engine,
+    key: str,
+    secrets: dict[str, Any],
+) -> int:
+    """Run the verified job: heartbeat, load its code, run its stage, write ``result.json``."""
+    job = opened.job
     files = Files(storage, job.pipeline_key, job.stage_id)
     sid = job.submission_id
     heartbeat = Heartbeat(files, sid, job.heartbeat_interval_s)
@@ -225,9 +311,7 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
     heartbeat.start()
     runner: StageRunner | None = None
     try:
-        store_url = _store_url(job, secrets)
-        signing_key = secrets.get("code_signing_key") or os.environ.get(CODE_KEY_ENV)
-        code = _bind_connections(_load_code(job, files, code_key(signing_key, store_url)), secrets)
+        code = _bind_connections(_load_code(opened, files, key), secrets)
 
         def session() -> SparkSession:
             from pyspark.sql import SparkSession
@@ -239,7 +323,6 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
                 heartbeat.app_id = None
             return spark
 
-        engine = open_driver_store(store_url)
         coordinator = Coordinator(engine, job.pipeline_key, writer=storage)
         runner = assemble_runner(
             coordinator,
@@ -256,7 +339,7 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
             job.stage_id,
             job.pipeline_key,
             len(job.splits),
-            mask_url(store_url),
+            mask_url(str(engine.url)),
             storage.root_uri,
         )
         result = runner.run()
@@ -273,16 +356,8 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
         log.info("driver %s: stage %s %s", sid, job.stage_id, result.status.value)
         return 0
     except BaseException as exc:
-        doc = {
-            "error": {
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback": traceback.format_exc(limit=20),
-            },
-            "epoch": runner.epoch if runner is not None else None,
-        }
         try:
-            files.write(sid, "result.json", json.dumps(doc).encode())
+            files.write(sid, "result.json", _error_doc(exc, runner.epoch if runner else None))
         finally:
             log.error("driver %s failed: %s: %s", sid, type(exc).__name__, exc)
         return 1

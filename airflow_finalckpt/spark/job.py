@@ -3,14 +3,16 @@
 The task (``spark.launch.submit``) writes a ``DriverJob`` into the checkpoint storage and the driver
 (``spark.driver``) reads it back, heartbeats and writes its ``RunResult`` beside it::
 
-    drivers/<stage>/<submission>/spec.json           the job spec (JSON: data, never code)
-    drivers/<stage>/<submission>/code.pkl            transform, on_finish and sinks (cloudpickle)
+    drivers/<stage>/<submission>/spec.json           the job spec, sealed (``spark.sealed_spec``)
+    drivers/<stage>/<submission>/code.pkl            transform, on_finish and sinks (cloudpickle,
+                                                     sealed: ``spark.secrets``)
     drivers/<stage>/<submission>/heartbeat.json      written by the driver every few seconds
     drivers/<stage>/<submission>/result.json         the driver's RunResult (or its error)
     drivers/<stage>/<submission>/cancel              asks a driver to stop (``on_kill``)
 
 The coordination store URL and the storage settings travel in the environment variables named
-here, never in the spec file.
+here, never in the spec file. The spec names code (``ref:module:qualname``) and the splits the
+driver runs: it is sealed like ``code.pkl`` and the driver opens it before it imports anything.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from airflow_finalckpt.storage import CheckpointStorage
 
 #: 2: batch_size may be "auto", with target_batch_s and hints_scope (and, optional within
 #: format 2, ``run_context``: the Airflow run's logical date, interval, params; see
-#: ``core.run_context``).
-JOB_FORMAT = 2
+#: ``core.run_context``). 3: the spec file is sealed (``spark.sealed_spec``), the job inside.
+JOB_FORMAT = 3
 DRIVERS_DIR = "drivers"
 HEARTBEAT_INTERVAL_S = 5.0
 #: A heartbeat older than this means the driver is gone.
@@ -65,7 +67,9 @@ def driver_script() -> str:
 
 
 def resolve_reference(ref: str) -> Any:
-    """The object a ``module:qualname`` reference names (imported in this process)."""
+    """The object a ``module:qualname`` reference names (imported in this process; a driver
+    resolves only what its sealed spec declares: ``spark.sealed_spec.declared_reference``).
+    """
     module, _, qualname = ref.partition(":")
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -163,14 +167,14 @@ class DriverJob:
         )
 
     def to_json(self) -> bytes:
-        """The job spec as written to ``spec.json`` for the driver."""
+        """The job as JSON (sealed into ``spec.json`` by ``spark.sealed_spec.seal_spec``)."""
         doc = dataclasses.asdict(self)
         doc["splits"] = list(self.splits)
         return json.dumps(doc, sort_keys=True, indent=1).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> DriverJob:
-        """The job of ``spec.json``; refused if another version of the plugin wrote it."""
+        """The job of a (verified) spec; refused if another version of the plugin wrote it."""
         doc = json.loads(data)
         if doc.get("format") != JOB_FORMAT:
             raise ConfigurationError(
@@ -237,10 +241,11 @@ def driver_outcome(
     """The outcome a driver's ``result.json`` reports; its error raised as ``DriverError``."""
     error = doc.get("error")
     if error:
+        trace = error.get("traceback")  # none for a refusal: its one line says it all
         raise DriverError(
             f"stage {stage_id!r}: the Spark driver (submission {sid}, epoch "
-            f"{doc.get('epoch')}) failed: {error.get('type')}: {error.get('message')}\n"
-            f"{error.get('traceback', '')}"
+            f"{doc.get('epoch')}) failed: {error.get('type')}: {error.get('message')}"
+            + (f"\n{trace}" if trace else "")
         )
     result = result_from_doc(doc["result"])
     epoch = doc["result"].get("epoch")

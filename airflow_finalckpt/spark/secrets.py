@@ -11,11 +11,12 @@ Both sides use this module: the Airflow task (``spark.launch.submit``) and the d
   directory); a Kubernetes cluster-mode driver takes them from Kubernetes Secrets instead
   (``spark.kubernetes.driver.secretKeyRef.<ENV>``, see docs/spark-cluster.md). Never on a
   command line, in a pod spec or in the checkpoint storage.
-- **Code** (``code.pkl``) is sealed: encrypted and authenticated (Fernet: AES-CBC + HMAC-SHA256)
-  with a key derived from ``[finalckpt] code_signing_key``, or, when that is unset, from the
-  coordination store URL (a secret both sides hold already). A tampered, unsigned or foreign
-  file is refused before anything is unpickled; sink URLs inside it are not readable in the
-  checkpoint storage.
+- **Code and job spec** (``code.pkl``, ``spec.json``) are sealed: encrypted and authenticated
+  (Fernet: AES-CBC + HMAC-SHA256) with keys derived from the deployment's *signing key*:
+  ``[finalckpt] code_signing_key`` when set, else a random key the deployment generated once
+  and keeps in its coordination store (``store.deployment_secrets``; never derived from
+  anything guessable). A tampered, unsigned or foreign file is refused before anything is
+  unpickled or imported; sink URLs inside them are not readable in the checkpoint storage.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_finalckpt.core.errors import ConfigurationError, FinalCheckpointError
@@ -35,18 +37,59 @@ from airflow_finalckpt.core.errors import ConfigurationError, FinalCheckpointErr
 SECRETS_FILE_NAME = "finalckpt-driver-secrets.json"
 #: The code signing key's environment variable (``[finalckpt] code_signing_key``).
 CODE_KEY_ENV = "AIRFLOW__FINALCKPT__CODE_SIGNING_KEY"
-_DERIVATION = b"airflow-finalckpt code.pkl v1\0"
+_CODE_DERIVATION = b"airflow-finalckpt code.pkl v1\0"
+_SPEC_DERIVATION = b"airflow-finalckpt spec.json v1\0"
 
 
 class UntrustedCodeError(FinalCheckpointError):
-    """``code.pkl`` is not sealed with this deployment's key: refused before unpickling."""
+    """``code.pkl`` or the job spec is not sealed with this deployment's key: refused before
+    anything is unpickled or imported.
+    """
 
 
-def code_key(signing_key: str | None, store_url: str) -> bytes:
-    """The Fernet key of ``code.pkl``: from the configured signing key, else the store URL."""
-    secret = signing_key if signing_key else f"store:{store_url}"
-    digest = hashlib.sha256(_DERIVATION + secret.encode()).digest()
+class MissingSigningKeyError(ConfigurationError):
+    """No signing key to seal or open a driver's code with."""
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """The deployment's signing key and where it comes from: ``configured`` (``[finalckpt]
+    code_signing_key``: a Kubernetes cluster-mode driver needs it from a Secret) or generated
+    and kept in the coordination store (a driver reads it there).
+    """
+
+    value: str
+    configured: bool
+
+    def __post_init__(self) -> None:
+        if not self.value:
+            raise MissingSigningKeyError(
+                "no code signing key: set [finalckpt] code_signing_key (env "
+                f"{CODE_KEY_ENV}, or the Helm chart's codeSigningKey.existingSecret) or let the "
+                "deployment generate one in its coordination store"
+            )
+
+    def __repr__(self) -> str:  # never in a log or a traceback's locals
+        return f"SigningKey(configured={self.configured}, value=***)"
+
+
+def _fernet_key(signing_key: str, derivation: bytes) -> bytes:
+    if not signing_key:  # never a key derived from nothing
+        raise MissingSigningKeyError(
+            f"no code signing key: set [finalckpt] code_signing_key ({CODE_KEY_ENV})"
+        )
+    digest = hashlib.sha256(derivation + signing_key.encode()).digest()
     return base64.urlsafe_b64encode(digest)
+
+
+def code_key(signing_key: str) -> bytes:
+    """The Fernet key of ``code.pkl`` (its own derivation of the signing key)."""
+    return _fernet_key(signing_key, _CODE_DERIVATION)
+
+
+def spec_key(signing_key: str) -> bytes:
+    """The Fernet key of ``spec.json`` (another derivation: neither file opens as the other)."""
+    return _fernet_key(signing_key, _SPEC_DERIVATION)
 
 
 def seal_code(blob: bytes, key: bytes) -> bytes:
@@ -65,8 +108,8 @@ def open_code(sealed: bytes, key: bytes, where: str) -> bytes:
     except (InvalidToken, ValueError, TypeError):
         raise UntrustedCodeError(
             f"code file {where} is not sealed with this deployment's code signing key "
-            "(tampered, unsigned, or written with another [finalckpt] code_signing_key / store "
-            "URL): refused before unpickling"
+            "(tampered, unsigned, or written with another [finalckpt] code_signing_key): "
+            "refused before unpickling"
         ) from None
 
 

@@ -250,3 +250,15 @@ source_ranges = Table(
     Column("settled_at", Float, nullable=True),
     Index("ix_finalckpt_source_ranges_pipeline", "pipeline_key"),
 )
+
+#: Secrets the deployment generates for itself (issue 37): the random code signing key used
+#: when ``[finalckpt] code_signing_key`` is unset. The store is the one place every worker and
+#: every driver of a deployment reaches and nobody outside it reads (checkpoint storage may be
+#: a shared bucket; workers share no local disk).
+deployment_secrets = Table(
+    "finalckpt_deployment_secrets",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)

@@ -20,6 +20,7 @@ from airflow_finalckpt.sinks import SqlTableSink
 from airflow_finalckpt.spark import driver
 from airflow_finalckpt.spark import job as driver_job
 from airflow_finalckpt.spark.launch import ExecutionMode, SparkTarget, submit
+from airflow_finalckpt.spark.sealed_spec import OpenedSpec, code_digest
 from airflow_finalckpt.spark.secrets import UntrustedCodeError, code_key
 from airflow_finalckpt.storage import CheckpointStorage
 
@@ -77,7 +78,7 @@ def test_client_mode_passes_credentials_in_a_private_file_only(tmp_path: Path) -
     job, code = job_and_code(made)
     assert code is not None and PASSWORD.encode() not in code  # sealed: sink URL unreadable
     files = driver_job.Files(made.storage, job.pipeline_key, job.stage_id)
-    spec_uri = files.write(job.submission_id, "spec.json", job.to_json())
+    spec_uri = files.write(job.submission_id, "spec.json", made.seal_spec(job, code))
     hook = made.make_hook(job, spec_uri)
     shown = json.dumps(hook.kwargs, default=str)
     assert PASSWORD not in shown and "postgresql" not in shown, shown
@@ -138,20 +139,21 @@ def test_kubernetes_cluster_mode_takes_credentials_from_secret_refs(tmp_path: Pa
 
 
 def test_kubernetes_cluster_mode_without_secret_refs_is_refused(tmp_path: Path) -> None:
-    made = launcher(tmp_path, "k8s://https://kube:6443", "cluster")
+    made = launcher(tmp_path, "k8s://https://kube:6443", "cluster", code_signing_key="k-1")
     job, _code = job_and_code(made)
     with pytest.raises(ConfigurationError, match=r"secretKeyRef\.AIRFLOW__FINALCKPT__STORE_URL"):
         made.make_hook(job, "spec.json")
 
 
-def test_a_tampered_or_unsigned_code_file_is_refused_before_unpickling(tmp_path: Path) -> None:
-    made = launcher(tmp_path, "spark://m:7077", "client")
+def test_a_tampered_swapped_or_unsigned_code_file_is_refused_before_unpickling(
+    tmp_path: Path,
+) -> None:
+    made = launcher(tmp_path, "spark://m:7077", "client", code_signing_key="k-123456")
     job, code = job_and_code(made)
     assert code is not None
     files = driver_job.Files(made.storage, job.pipeline_key, job.stage_id)
-    key = code_key(None, STORE)
     files.write(job.submission_id, "code.pkl", code)
-    loaded = driver._load_code(job, files, key)
+    loaded = driver._load_code(OpenedSpec(job, code_digest(code)), files, "k-123456")
     assert loaded.sinks[0].sink_id == "out"  # the sealed file opens with the right key
 
     import pickle
@@ -159,14 +161,19 @@ def test_a_tampered_or_unsigned_code_file_is_refused_before_unpickling(tmp_path:
     tampered = bytearray(code)
     tampered[len(tampered) // 2] ^= 1
     unsigned = pickle.dumps({"transform": transform})
-    for blob in (bytes(tampered), unsigned):
+    _other_job, swapped = job_and_code(made)  # another submission's sealed code
+    assert swapped is not None and swapped != code
+    for blob in (bytes(tampered), unsigned, swapped):
         files.write(job.submission_id, "code.pkl", blob)
         with pytest.raises(UntrustedCodeError, match="refused before unpickling") as refused:
-            driver._load_code(job, files, key)
+            driver._load_code(OpenedSpec(job, code_digest(code)), files, "k-123456")
         assert "\n" not in str(refused.value)
+        if blob is not swapped:  # and the seal itself, had the spec named this file
+            with pytest.raises(UntrustedCodeError, match="refused before unpickling"):
+                driver._load_code(OpenedSpec(job, code_digest(blob)), files, "k-123456")
     files.write(job.submission_id, "code.pkl", code)
     with pytest.raises(UntrustedCodeError):  # sealed with another deployment's key
-        driver._load_code(job, files, code_key("another-key", STORE))
+        driver._load_code(OpenedSpec(job, code_digest(code)), files, "another-key")
 
 
 def test_a_conn_id_sink_reaches_the_driver_through_the_secrets_file_only(
@@ -187,10 +194,11 @@ def test_a_conn_id_sink_reaches_the_driver_through_the_secrets_file_only(
     spec = StageSpec(pipeline_key="p", stage_id="s", splits=("a",), batch_size=1)
     job, code = made.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
     assert code is not None
-    opened = open_code(code, code_key("k-123456", STORE), "code.pkl")
+    opened = open_code(code, code_key("k-123456"), "code.pkl")
     assert PASSWORD.encode() not in opened and b"warehouse.example" not in opened
     files = driver_job.Files(made.storage, job.pipeline_key, job.stage_id)
-    hook = made.make_hook(job, files.write(job.submission_id, "spec.json", job.to_json()))
+    spec_uri = files.write(job.submission_id, "spec.json", made.seal_spec(job, code))
+    hook = made.make_hook(job, spec_uri)
     hook.submit("driver.py")
     assert hook.secrets_seen is not None
     handed = hook.secrets_seen["sink_connections"]["warehouse_db"]
@@ -200,7 +208,7 @@ def test_a_conn_id_sink_reaches_the_driver_through_the_secrets_file_only(
     assert shipped.engine.url == sink.engine.url
     made.cleanup_secrets()
 
-    k8s = launcher(tmp_path, "k8s://https://kube:6443", "cluster")
+    k8s = launcher(tmp_path, "k8s://https://kube:6443", "cluster", code_signing_key="k-123456")
     k8s.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
     with pytest.raises(ConfigurationError, match=r"secretKeyRef\.AIRFLOW_CONN_WAREHOUSE_DB="):
         k8s.make_hook(job, "spec.json")
@@ -226,10 +234,11 @@ def test_a_storage_conn_id_sink_reaches_the_driver_through_the_secrets_file_only
     spec = StageSpec(pipeline_key="p", stage_id="s", splits=("a",), batch_size=1)
     job, code = made.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
     assert code is not None
-    opened = open_code(code, code_key("k-123456", STORE), "code.pkl")
+    opened = open_code(code, code_key("k-123456"), "code.pkl")
     assert PASSWORD.encode() not in opened
     files = driver_job.Files(made.storage, job.pipeline_key, job.stage_id)
-    hook = made.make_hook(job, files.write(job.submission_id, "spec.json", job.to_json()))
+    spec_uri = files.write(job.submission_id, "spec.json", made.seal_spec(job, code))
+    hook = made.make_hook(job, spec_uri)
     hook.submit("driver.py")
     assert hook.secrets_seen is not None
     assert hook.secrets_seen["sink_connections"]["storage:lake_fs"]["extra"] == extra
@@ -239,7 +248,7 @@ def test_a_storage_conn_id_sink_reaches_the_driver_through_the_secrets_file_only
     assert shipped.storage_options == {"token": PASSWORD}
     made.cleanup_secrets()
 
-    k8s = launcher(tmp_path, "k8s://https://kube:6443", "cluster")
+    k8s = launcher(tmp_path, "k8s://https://kube:6443", "cluster", code_signing_key="k-123456")
     k8s.build_job(StageJob(spec), StageCode(transform=transform, sinks=(sink,)))
     with pytest.raises(ConfigurationError, match=r"secretKeyRef\.AIRFLOW_CONN_LAKE_FS="):
         k8s.make_hook(job, "spec.json")

@@ -23,6 +23,7 @@ from airflow_finalckpt.runtime.assembly import StageCode, StageJob
 from airflow_finalckpt.runtime.runner import RunResult, RunStatus, StageSpec
 from airflow_finalckpt.spark import job as driver_job
 from airflow_finalckpt.spark.launch import EXECUTION_ENV, ExecutionMode, resolve_target, submit
+from airflow_finalckpt.spark.sealed_spec import open_spec
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
@@ -228,6 +229,9 @@ class _StateStore:
         self.values[key] = json.loads(json.dumps(value))  # JSON, as the real store keeps it
 
 
+TEST_SIGNING_KEY = "a-test-signing-key"
+
+
 class _Hook:
     """A SparkSubmitHook stand-in: submit() runs a 'driver' that writes result.json."""
 
@@ -236,7 +240,7 @@ class _Hook:
 
     def submit(self, application: str) -> None:
         spec = self.kwargs["application_args"][1]
-        sid = json.loads(Path(spec).read_bytes())["submission_id"]
+        sid = open_spec(Path(spec).read_bytes(), TEST_SIGNING_KEY, spec).job.submission_id
         self.submitted.append(sid)
         doc = {"result": {"status": "finished", "epoch": 9, "processed_splits": ["a"]}}
         self.files.write(sid, "result.json", json.dumps(doc).encode())
@@ -260,6 +264,7 @@ def _launcher(
         poll_interval_s=0.05,
         heartbeat_stale_s=stale_s,
         hook_factory=lambda **kw: _Hook(files, submitted, **kw),
+        code_signing_key=TEST_SIGNING_KEY,  # no store to keep a generated one in
     )
     return launcher, files
 

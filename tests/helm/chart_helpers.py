@@ -25,9 +25,11 @@ NAMESPACE = "airflow"
 KUBE_VERSION = "1.30"
 
 #: The one value the chart cannot default (it renders no credential): the existing Secret with
-#: the store's password, here the official chart's PostgreSQL Secret.
-STORE_PASSWORD_SECRET = "airflow-postgresql"
-STORE_PASSWORD_KEY = "postgres-password"
+#: the password of the store's least-privilege user (the migration Job's administrative user
+#: defaults to the official chart's PostgreSQL Secret, ADMIN_SECRET).
+STORE_PASSWORD_SECRET = "finalckpt-store"
+STORE_PASSWORD_KEY = "password"
+ADMIN_SECRET = ("secret", "airflow-postgresql", "postgres-password")
 REQUIRED_VALUES: dict[str, Any] = {
     "coordinationDb": {"airflowPostgres": {"passwordSecret": {"name": STORE_PASSWORD_SECRET}}}
 }

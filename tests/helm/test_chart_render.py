@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_helpers import (
+    ADMIN_SECRET,
     KUBE_VERSION,
     NAMESPACE,
     RELEASE,
@@ -185,7 +186,7 @@ def test_default_install(render: Render) -> None:
     assert config == {
         # a database on the official chart's PostgreSQL: no password, TLS required
         "AIRFLOW__FINALCKPT__STORE_URL": (
-            "postgresql+psycopg://postgres@airflow-postgresql.airflow.svc:5432/finalckpt"
+            "postgresql+psycopg://finalckpt@airflow-postgresql.airflow.svc:5432/finalckpt"
             "?sslmode=require"
         ),
         "AIRFLOW__FINALCKPT__STORAGE_URI": "/opt/airflow/finalckpt/checkpoints",
@@ -198,8 +199,10 @@ def test_default_install(render: Render) -> None:
         "AIRFLOW__FINALCKPT__API_URL": "http://airflow-api-server.airflow.svc:8080",
         "SPARK_CONF_DIR": "/opt/finalckpt/spark-conf",
     }
+    # the migration Job upgrades as the administrative user (the official chart's postgres)
     job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-    assert job_env["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == STORE_PASSWORD_REF
+    assert job_env["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == ADMIN_SECRET
+    assert job_env["AIRFLOW__FINALCKPT__STORE_URL"].startswith("postgresql+psycopg://postgres@")
     pvc = rendered.one("PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["resources"]["requests"]["storage"] == "50Gi"
@@ -252,7 +255,8 @@ def test_migration_job_is_a_hook_after_what_it_reads(render: Render, scenario: s
             for e in container.get("env", [])
             if "valueFrom" in e
         ]
-    assert spec.get("volumes", []) == [], "the migration job must not mount non-hook volumes"
+    scratch = [{"name": "finalckpt-tmp", "emptyDir": {}}]  # its own, not a chart resource
+    assert spec.get("volumes", []) == scratch, "the migration job must not mount non-hook volumes"
     assert ("ConfigMap", f"{RELEASE}-config") in referenced
     for kind, name in referenced:
         if not rendered.has(kind, name):
@@ -265,14 +269,16 @@ def test_migration_job_is_a_hook_after_what_it_reads(render: Render, scenario: s
 def test_migration_creates_the_database_only_on_the_airflow_postgres(render: Render) -> None:
     default_spec = pod_spec(render().one("Job"))
     init = default_spec["initContainers"]
-    assert [c["name"] for c in init] == ["create-database"]
+    assert [c["name"] for c in init] == ["prepare-database"]
     assert "CREATE DATABASE" in init[0]["args"][0]
     assert container_env(init[0])["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == STORE_PASSWORD_REF
     assert init[0]["envFrom"] == [{"configMapRef": {"name": f"{RELEASE}-config"}}]
     external_spec = pod_spec(render(SCENARIOS["external-db-existing-secret"]).one("Job"))
     assert "initContainers" not in external_spec
+    # without creating the database it still grants the runtime user its privileges
     no_create = render({"coordinationDb": {"airflowPostgres": {"createDatabase": False}}})
-    assert "initContainers" not in pod_spec(no_create.one("Job"))
+    script = pod_spec(no_create.one("Job"))["initContainers"][0]["args"][0]
+    assert "create_database = False" in script and "GRANT SELECT, INSERT" in script
 
 
 def test_migration_job_resources_and_security(render: Render) -> None:
@@ -319,8 +325,15 @@ def test_airflow_postgres_url_escapes_the_user_and_holds_no_password(render: Ren
     assert url.password is None
     assert url.database == "ckpt"
     assert dict(url.query) == {"sslmode": "verify-full"}
-    env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-    assert env["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == ("secret", "ckpt-db", "pw")
+    official = {s["envName"]: s for s in rendered.official_values()["secret"]}
+    password = official["AIRFLOW__FINALCKPT__STORE_PASSWORD"]
+    assert (password["secretName"], password["secretKey"]) == ("ckpt-db", "pw")
+    env = container_env(pod_spec(rendered.one("Job"))["containers"][0])  # as the admin
+    assert env["AIRFLOW__FINALCKPT__STORE_PASSWORD"] == (
+        "secret",
+        "prod-airflow-postgresql",
+        "postgres-password",
+    )
 
 
 # --------------------------------------------------------------------------- storage
@@ -368,7 +381,7 @@ def test_object_store_uri_options_and_credentials(render: Render) -> None:
         "AWS_SECRET_ACCESS_KEY": ("secret", "s3-credentials", "secret-access-key"),
     }
     env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-    assert {k: env[k] for k in expected} == expected
+    assert not set(expected) & set(env)  # the migration Job touches the store only
     official = rendered.official_values()
     assert {(s["envName"], s["secretName"], s["secretKey"]) for s in official["secret"]} >= {
         (k, v[1], v[2]) for k, v in expected.items()
@@ -470,7 +483,7 @@ def test_spark_on_kubernetes_rbac_and_defaults(render: Render) -> None:
             f"{STORE_PASSWORD_SECRET}:{STORE_PASSWORD_KEY}"
         ),
         "spark.kubernetes.driverEnv.AIRFLOW__FINALCKPT__STORE_URL": (
-            "postgresql+psycopg://postgres@airflow-postgresql.airflow.svc:5432/finalckpt"
+            "postgresql+psycopg://finalckpt@airflow-postgresql.airflow.svc:5432/finalckpt"
             "?sslmode=require"
         ),
     }
@@ -482,7 +495,7 @@ def test_spark_on_kubernetes_without_rbac_uses_the_given_service_account(render:
     assert not rendered.all("ServiceAccount")
     defaults = _spark_defaults(rendered)
     assert defaults["spark.kubernetes.authenticate.driver.serviceAccountName"] == "spark-driver"
-    assert defaults["spark.kubernetes.namespace"] == NAMESPACE
+    assert defaults["spark.kubernetes.namespace"] == f"{NAMESPACE}-spark"  # not Airflow's
 
 
 def test_spark_submitter_service_accounts(render: Render) -> None:
@@ -659,14 +672,17 @@ def test_official_chart_values_reference_what_this_chart_provides(
     else:
         assert secrets["AIRFLOW__FINALCKPT__STORE_PASSWORD"][0] == "secret"
         assert rendered.config()["AIRFLOW__FINALCKPT__STORE_URL"].startswith("postgresql")
-    if rendered.all("Job"):  # the Airflow pods get the migration job's secret env, and the
-        # finalckpt CLI's Airflow login (the jobs do not call Airflow's API)
+    if rendered.all("Job"):  # the migration Job gets the store's credential only: the
+        # administrative one (airflowPostgres), which the Airflow pods never get
         job_env = container_env(pod_spec(rendered.one("Job"))["containers"][0])
-        cli_login = {"AIRFLOW__FINALCKPT__API_USERNAME", "AIRFLOW__FINALCKPT__API_PASSWORD"}
-        cli_login.add("AIRFLOW__FINALCKPT__API_TOKEN")
         job_secrets = {k: v for k, v in job_env.items() if isinstance(v, tuple)}
-        assert {k: v for k, v in secrets.items() if k not in cli_login} == job_secrets
-        assert not cli_login & set(job_env)
+        external = SCENARIOS[scenario]["coordinationDb"].get("mode") == "external"
+        store_env = "AIRFLOW__FINALCKPT__STORE_" + ("URL" if external else "PASSWORD")
+        assert set(job_secrets) == {store_env}
+        if external:
+            assert job_secrets[store_env] == secrets[store_env]
+        else:
+            assert job_secrets[store_env] not in secrets.values()
     volumes = {v["name"]: v for v in official["volumes"]}
     assert {m["name"] for m in official["volumeMounts"]} == set(volumes)
     assert rendered.has("ConfigMap", volumes["finalckpt-spark-conf"]["configMap"]["name"])

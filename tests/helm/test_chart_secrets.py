@@ -69,7 +69,7 @@ def every_container(rendered: Rendered) -> list[dict[str, Any]]:
 def test_the_defaults_alone_do_not_render_and_name_the_secret_to_give(chart: Any) -> None:
     message = render_error(chart, {}, raw=True)
     assert "coordinationDb.airflowPostgres.passwordSecret.name is required" in message
-    assert "airflow-postgresql" in message  # the official chart's Secret, as the example
+    assert "finalckpt-store" in message  # the Secret to create, as the example
     external = render_error(chart, {"coordinationDb": {"mode": "external"}}, raw=True)
     assert "/coordinationDb/external" in external, external
 
@@ -84,7 +84,7 @@ def test_values_yaml_holds_no_password() -> None:
             for key, value in node.items():
                 if re.search("password|secret|token", str(key), re.I) and isinstance(value, str):
                     # only names of Secrets and keys, never a value: key names or ""
-                    assert value in ("", "password", "username", STORE_PASSWORD_KEY), path + key
+                    assert value in ("", "password", "username", "postgres-password"), path + key
                 walk(value, f"{path}{key}.")
 
     walk(values, "")
@@ -108,8 +108,11 @@ def test_no_credential_in_any_rendered_manifest(render: Render, scenario: str) -
     assert not rendered.all("Secret")
     for container in every_container(rendered):
         for item in container.get("env", []):
-            if re.search("PASSWORD|TOKEN|SECRET|STORE_URL|_KEY$", item["name"]):
+            if re.search("PASSWORD|TOKEN|SECRET|_KEY$", item["name"]):
                 assert "secretKeyRef" in item.get("valueFrom", {}), item
+            if "STORE_URL" in item["name"] and "value" in item:  # the chart's: no password
+                userinfo = item["value"].split("://", 1)[1].split("@", 1)[0]
+                assert ":" not in userinfo, item
     for url in re.findall(r"postgres\S*://[^\s\"']+", all_text(rendered)):
         userinfo = url.split("://", 1)[1].split("@", 1)
         assert len(userinfo) == 1 or ":" not in userinfo[0], url

@@ -21,8 +21,10 @@ from airflow_finalckpt.examples.nycflights13.stages import ingest_transform
 from airflow_finalckpt.runtime.assembly import StageJob
 from airflow_finalckpt.runtime.runner import CommitMode, StageSpec
 from airflow_finalckpt.spark.job import DriverJob, Files
+from airflow_finalckpt.spark.sealed_spec import seal_spec
 from airflow_finalckpt.spark.secrets import code_key, seal_code
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.deployment_secrets import CODE_SIGNING_KEY, ensure_secret
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
 
@@ -52,9 +54,12 @@ def main(input_dir: str, storage_uri: str, store_url: str, key: str) -> str:
     )
     files = Files(storage, key, "ingest")
     code = cloudpickle.dumps({"transform": ingest_transform(input_dir)})
-    # sealed as the operator seals it (no [finalckpt] code_signing_key: derived from the store)
-    files.write(job.submission_id, "code.pkl", seal_code(code, code_key(None, store_url)))
-    return files.write(job.submission_id, "spec.json", job.to_json())
+    # sealed as the operator seals it (no [finalckpt] code_signing_key: the deployment's
+    # generated key, kept in the store, where the driver finds it)
+    signing_key = ensure_secret(engine, CODE_SIGNING_KEY)
+    sealed = seal_code(code, code_key(signing_key))
+    files.write(job.submission_id, "code.pkl", sealed)
+    return files.write(job.submission_id, "spec.json", seal_spec(job, sealed, signing_key))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def test_the_driver_side_imports_without_airflow_and_without_the_launchers() -> 
     )
     assert proc.returncode == 0, proc.stderr
     loaded = "['airflow_finalckpt.spark', 'airflow_finalckpt.spark.driver', "
-    loaded += "'airflow_finalckpt.spark.job', 'airflow_finalckpt.spark.secrets'] False"
+    loaded += "'airflow_finalckpt.spark.job', 'airflow_finalckpt.spark.sealed_spec', "
+    loaded += "'airflow_finalckpt.spark.secrets'] False"
     # neither spark.launch (Airflow side) nor pyspark until a stage really runs Spark
     assert proc.stdout.strip().splitlines()[-1] == loaded, proc.stdout
 

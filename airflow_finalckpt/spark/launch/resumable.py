@@ -73,6 +73,10 @@ class Launcher(Protocol):
         """Remove the driver's secrets file once spark-submit ended."""
         ...
 
+    def seal_spec(self, job: DriverJob, code: bytes | None) -> bytes:
+        """``spec.json``'s bytes: ``job`` sealed with the deployment's key, bound to ``code``."""
+        ...
+
 
 class SubmissionStatus:
     """The status of a recorded submission (``ResumableJobMixin.get_job_status``)."""
@@ -188,7 +192,7 @@ class ResumableSubmission(ResumableJobMixin):
         sid = job.submission_id
         if self.code is not None:
             files.write(sid, "code.pkl", self.code)
-        spec_uri = files.write(sid, "spec.json", job.to_json())
+        spec_uri = files.write(sid, "spec.json", self.launcher.seal_spec(job, self.code))
         record = {
             "submission_id": sid,
             "pipeline_key": job.pipeline_key,

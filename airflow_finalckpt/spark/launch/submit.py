@@ -4,10 +4,12 @@ Runs in the Airflow task. It writes a *job* for the driver into the checkpoint s
 location: in cluster deploy mode the driver runs on another machine; the files are listed in
 ``spark.job``), submits ``airflow_finalckpt/spark/driver.py`` through the Spark provider's
 ``SparkSubmitHook`` and, when the driver ends, reads ``result.json``. The coordination store
-URL, the code key and credential storage options go to the driver in a secrets file only the
+URL, the signing key and credential storage options go to the driver in a secrets file only the
 job can read (``spark.secrets``), named by path in the driver's arguments: never on the
 spark-submit command line, in a pod spec, in the spec file or in the checkpoint storage;
-``code.pkl`` is sealed (encrypted and authenticated) with that key.
+``spec.json`` and ``code.pkl`` are sealed (encrypted and authenticated) with that key
+(``spark.sealed_spec``). spark-submit runs with the worker's environment minus Airflow's
+connections, variables and configuration (``spark.launch.driver_env``).
 
 Reattaching across task tries is ``airflow.sdk.ResumableJobMixin`` with Airflow's task state
 store (``spark.launch.resumable``): the submission record is kept under
@@ -51,14 +53,18 @@ from airflow_finalckpt.spark.launch import (
     UnsupportedDeployModeError,
 )
 from airflow_finalckpt.spark.launch.resumable import ResumableSubmission, StorageStateStore
+from airflow_finalckpt.spark.sealed_spec import seal_spec
 from airflow_finalckpt.spark.secrets import (
     CODE_KEY_ENV,
+    SigningKey,
     code_key,
     remove_secrets_file,
     seal_code,
     write_secrets_file,
 )
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.store.deployment_secrets import CODE_SIGNING_KEY, ensure_secret
+from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store_password import STORE_PASSWORD_ENV
 
 #: A Kubernetes cluster-mode driver takes its credentials from a Kubernetes Secret.
@@ -92,6 +98,20 @@ def missing_secret_refs(needed: Sequence[str], conf: Mapping[str, str]) -> list[
         K8S_SECRET_REF + STORE_PASSWORD_ENV in conf
     )
     return [n for n in missing if not (n == STORE_URL_ENV and split_store)]
+
+
+def deployment_signing_key(configured: str | None, store_url: str) -> SigningKey:
+    """The signing key of a deployment: ``[finalckpt] code_signing_key`` when set, else the
+    random key the deployment generated once in its coordination store (never derived from
+    anything an outsider could know, such as the store URL).
+    """
+    if configured:
+        return SigningKey(configured, configured=True)
+    engine = make_engine(store_url)
+    try:
+        return SigningKey(ensure_secret(engine, CODE_SIGNING_KEY), configured=False)
+    finally:
+        engine.dispose()
 
 
 class CodeShippingError(ConfigurationError):
@@ -232,10 +252,16 @@ class SubmitLauncher:
         heartbeat_stale_s: float = HEARTBEAT_STALE_S,
         poll_interval_s: float = 1.0,
         hook_factory: Callable[..., Any] | None = None,
-        code_signing_key: str | None = None,
+        code_signing_key: str | SigningKey | None = None,
     ) -> None:
         self.target = target
-        self.code_signing_key = code_signing_key
+        #: the deployment's signing key (a string: ``[finalckpt] code_signing_key``); None:
+        #: the store's, fetched when first needed (``signing_key``)
+        self._signing: SigningKey | None = (
+            SigningKey(code_signing_key, configured=True)
+            if isinstance(code_signing_key, str)
+            else code_signing_key
+        )
         #: the secrets file of the submission being started (removed once spark-submit ends)
         self.secrets_path: str | None = None
         self.storage = storage
@@ -261,6 +287,16 @@ class SubmitLauncher:
 
     # -- building the job ------------------------------------------------------------------
 
+    def signing_key(self) -> SigningKey:
+        """The key ``code.pkl`` and ``spec.json`` are sealed with."""
+        if self._signing is None:
+            self._signing = deployment_signing_key(None, self.store_url)
+        return self._signing
+
+    def seal_spec(self, job: DriverJob, code: bytes | None) -> bytes:
+        """``spec.json``'s bytes: ``job`` sealed with the deployment's key, bound to ``code``."""
+        return seal_spec(job, code, self.signing_key().value)
+
     def build_job(self, stage: StageJob, code: StageCode) -> tuple[DriverJob, bytes | None]:
         """The job spec of a new submission, and the pickled code it cannot name by reference."""
         submission_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
@@ -284,7 +320,7 @@ class SubmitLauncher:
         self.sink_connections = connection_secrets(code.sinks)
         blob = None
         if to_pickle:
-            key = code_key(self.code_signing_key, self.store_url)
+            key = code_key(self.signing_key().value)
             blob = seal_code(pickle_code(to_pickle, stage.spec.stage_id), key)
         job = DriverJob.for_stage(
             stage,
@@ -359,7 +395,7 @@ class SubmitLauncher:
     def _secrets(self) -> dict[str, Any]:
         secrets: dict[str, Any] = {
             "store_url": self.store_url,
-            "code_signing_key": self.code_signing_key,
+            "code_signing_key": self.signing_key().value,
             "storage_options": self.storage_options if self._has_secret_options() else None,
         }
         if self.sink_connections:  # the conn_id sinks' resolved connections
@@ -375,7 +411,9 @@ class SubmitLauncher:
         cluster-mode driver reads its credentials from Kubernetes Secrets instead.
         """
         if self._on_kubernetes_cluster():
-            needed = [STORE_URL_ENV] + ([CODE_KEY_ENV] if self.code_signing_key else [])
+            # a generated key: the driver reads it from the store, as it reads everything else
+            configured = self.signing_key().configured
+            needed = [STORE_URL_ENV] + ([CODE_KEY_ENV] if configured else [])
             if self._has_secret_options():
                 needed.append(STORAGE_OPTIONS_ENV)
             # keys are conn ids, "storage:<conn id>" for a storage connection
@@ -426,10 +464,13 @@ class SubmitLauncher:
             kwargs["files"] = ",".join(files)
         if self.hook_factory is not None:
             return self.hook_factory(**kwargs)
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+        from airflow_finalckpt.spark.launch.submit_hook import (
+            ScopedEnvSubmitHook,
+            master_submit_hook,
+        )
 
         if self.target.conn_id and not self._master_overridden():
-            return SparkSubmitHook(conn_id=self.target.conn_id, **kwargs)
+            return ScopedEnvSubmitHook(conn_id=self.target.conn_id, **kwargs)
         return master_submit_hook(self.target.master, **kwargs)
 
     def _master_overridden(self) -> bool:
@@ -447,28 +488,3 @@ class SubmitLauncher:
                 self.log.info("cannot write the cancel marker: %s", exc)
         if self.hook is not None:
             self.hook.on_kill()
-
-
-def master_submit_hook(master: str, **kwargs: Any) -> Any:
-    """A SparkSubmitHook for an explicit master (``spark_master`` argument, no connection)."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    class _Hook(SparkSubmitHook):
-        def _resolve_connection(self) -> dict[str, Any]:
-            conn: dict[str, Any] = {
-                "master": master,
-                "queue": None,
-                "deploy_mode": self._deploy_mode,
-                "spark_binary": self.spark_binary or "spark-submit",
-                "namespace": None,
-                "principal": self._principal,
-                "keytab": self._keytab,
-                "rest_scheme": "http",
-                "rest_port": 6066,
-                "rest_endpoint": None,
-            }
-            if "spark.kubernetes.namespace" in self._conf:
-                conn["namespace"] = self._conf["spark.kubernetes.namespace"]
-            return conn
-
-    return _Hook(conn_id="__finalckpt_no_connection__", **kwargs)

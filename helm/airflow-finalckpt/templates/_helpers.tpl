@@ -56,7 +56,7 @@ as env from a secretKeyRef. The URL the chart builds holds no password and asks 
 {{- if eq .Values.coordinationDb.mode "external" }}
 {{- required "coordinationDb.external.existingSecret.name is required: name an existing Secret whose key holds the whole store URL, e.g. kubectl create secret generic finalckpt-store --from-literal=url='postgresql+psycopg://USER:PASSWORD@HOST:5432/finalckpt?sslmode=require' (this chart renders no credential)" .Values.coordinationDb.external.existingSecret.name }}
 {{- else }}
-{{- required (printf "coordinationDb.airflowPostgres.passwordSecret.name is required: name an existing Secret holding the password of coordinationDb.airflowPostgres.user, e.g. the official chart's: --set coordinationDb.airflowPostgres.passwordSecret.name=%s-postgresql (key postgres-password); this chart renders no credential" .Values.airflow.releaseName) .Values.coordinationDb.airflowPostgres.passwordSecret.name }}
+{{- required (printf "coordinationDb.airflowPostgres.passwordSecret.name is required: name an existing Secret holding the password of the store's least-privilege user %s, e.g. kubectl create secret generic finalckpt-store --from-literal=password=... and --set coordinationDb.airflowPostgres.passwordSecret.name=finalckpt-store (the migration Job creates that user with it); this chart renders no credential" .Values.coordinationDb.airflowPostgres.user) .Values.coordinationDb.airflowPostgres.passwordSecret.name }}
 {{- end }}
 {{- end }}
 
@@ -77,6 +77,29 @@ AIRFLOW__FINALCKPT__STORE_PASSWORD
 {{- end }}
 {{- end }}
 
+{{/*
+The migration Job's administrative user (airflowPostgres mode): its Secret defaults to the
+official chart's PostgreSQL Secret. Only the migration Job gets its password.
+*/}}
+{{- define "finalckpt.adminSecretName" -}}
+{{- .Values.coordinationDb.airflowPostgres.admin.passwordSecret.name | default (printf "%s-postgresql" .Values.airflow.releaseName) }}
+{{- end }}
+
+{{- define "finalckpt.adminSecretKey" -}}
+{{- .Values.coordinationDb.airflowPostgres.admin.passwordSecret.key | default "postgres-password" }}
+{{- end }}
+
+{{/* The migration Job's administrative URL (no password) and password (its Secret). */}}
+{{- define "finalckpt.migrationAdminEnv" -}}
+- name: FINALCKPT_ADMIN_STORE_URL
+  value: {{ include "finalckpt.adminStoreUrl" . | quote }}
+- name: FINALCKPT_ADMIN_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "finalckpt.adminSecretName" . }}
+      key: {{ include "finalckpt.adminSecretKey" . }}
+{{- end }}
+
 {{- define "finalckpt.airflowPostgresHost" -}}
 {{- $pg := .Values.coordinationDb.airflowPostgres }}
 {{- $pg.host | default (printf "%s-postgresql.%s.svc" .Values.airflow.releaseName .Release.Namespace) }}
@@ -84,9 +107,18 @@ AIRFLOW__FINALCKPT__STORE_PASSWORD
 
 {{/* The store URL this chart builds (airflowPostgres mode, psycopg 3): no password, TLS. */}}
 {{- define "finalckpt.storeUrl" -}}
-{{- $pg := .Values.coordinationDb.airflowPostgres }}
+{{- include "finalckpt.storeUrlOf" (dict "root" . "user" .Values.coordinationDb.airflowPostgres.user) }}
+{{- end }}
+
+{{/* The same URL for the migration Job's administrative user. */}}
+{{- define "finalckpt.adminStoreUrl" -}}
+{{- include "finalckpt.storeUrlOf" (dict "root" . "user" .Values.coordinationDb.airflowPostgres.admin.user) }}
+{{- end }}
+
+{{- define "finalckpt.storeUrlOf" -}}
+{{- $pg := .root.Values.coordinationDb.airflowPostgres }}
 {{- /* urlquery writes a space as "+" (a literal "+" becomes %2B): userinfo needs %20. */}}
-{{- printf "postgresql+psycopg://%s@%s:%d/%s?sslmode=%s" ($pg.user | urlquery | replace "+" "%20") (include "finalckpt.airflowPostgresHost" .) (int $pg.port) $pg.database ($pg.sslmode | default "require" | urlquery) }}
+{{- printf "postgresql+psycopg://%s@%s:%d/%s?sslmode=%s" (.user | urlquery | replace "+" "%20") (include "finalckpt.airflowPostgresHost" .root) (int $pg.port) $pg.database ($pg.sslmode | default "require" | urlquery) }}
 {{- end }}
 
 {{/*
@@ -140,8 +172,10 @@ Checkpoint storage.
 {{/*
 Spark.
 */}}
+{{/* Not the Airflow namespace by default: a driver runs DAG code and the Spark Role lets it
+create pods, which could mount any Secret of the namespace they run in. */}}
 {{- define "finalckpt.sparkNamespace" -}}
-{{- .Values.spark.kubernetes.namespace | default .Release.Namespace }}
+{{- .Values.spark.kubernetes.namespace | default (printf "%s-spark" .Release.Namespace) }}
 {{- end }}
 
 {{- define "finalckpt.sparkServiceAccountName" -}}
@@ -177,6 +211,9 @@ Spark.
 {{- $_ := set $conf (printf "spark.kubernetes.driver.secretKeyRef.%s" (include "finalckpt.storeSecretEnv" .)) (printf "%s:%s" (include "finalckpt.storeSecretName" .) (include "finalckpt.storeSecretKey" .)) }}
 {{- if ne .Values.coordinationDb.mode "external" }}
 {{- $_ := set $conf "spark.kubernetes.driverEnv.AIRFLOW__FINALCKPT__STORE_URL" (include "finalckpt.storeUrl" .) }}
+{{- end }}
+{{- with .Values.codeSigningKey.existingSecret }}
+{{- $_ := set $conf "spark.kubernetes.driver.secretKeyRef.AIRFLOW__FINALCKPT__CODE_SIGNING_KEY" (printf "%s:%s" . ($.Values.codeSigningKey.key | default "code-signing-key")) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -234,6 +271,25 @@ env from the settings ConfigMap, the store URL Secret, storage credentials, volu
 {{- end }}
 {{- end }}
 
+{{/*
+The jobs' scratch space: their root filesystem is read-only (jobs.securityContext), so /tmp
+is an emptyDir and AIRFLOW_HOME lives there (Airflow writes a default airflow.cfg on start).
+*/}}
+{{- define "finalckpt.jobScratchVolume" -}}
+- name: finalckpt-tmp
+  emptyDir: {}
+{{- end }}
+
+{{- define "finalckpt.jobScratchMount" -}}
+- name: finalckpt-tmp
+  mountPath: /tmp
+{{- end }}
+
+{{- define "finalckpt.jobScratchEnv" -}}
+- name: AIRFLOW_HOME
+  value: /tmp/airflow
+{{- end }}
+
 {{- define "finalckpt.podCommon" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
@@ -284,6 +340,11 @@ secret:
     secretName: {{ $creds.existingSecret }}
     secretKey: {{ get $creds.env $envName }}
 {{- end }}
+{{- end }}
+{{- with .Values.codeSigningKey.existingSecret }}
+  - envName: AIRFLOW__FINALCKPT__CODE_SIGNING_KEY
+    secretName: {{ . }}
+    secretKey: {{ $.Values.codeSigningKey.key | default "code-signing-key" }}
 {{- end }}
 {{- with include "finalckpt.apiLoginSecretEnv" . | trim }}
   {{- . | nindent 2 }}
