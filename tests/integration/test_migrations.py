@@ -217,8 +217,8 @@ def test_ensure_schema_with_a_plain_sqlite_engine(sqlite_url: str) -> None:
 
 
 def test_head_is_a_single_linear_history() -> None:
-    assert migrate.head_revision() == "0011"
-    assert migrate.known_revisions() == {f"{n:04d}" for n in range(1, 12)}
+    assert migrate.head_revision() == "0012"
+    assert migrate.known_revisions() == {f"{n:04d}" for n in range(1, 13)}
     assert Path(migrate.alembic_config().get_main_option("script_location") or "") == (
         migrate.MIGRATIONS_DIR
     )

@@ -2,8 +2,8 @@
 code signing key generated once when ``[finalckpt] code_signing_key`` is unset (before, the
 key was derived from the store URL and could be guessed).
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-11-28
 
 Data: none (the key is generated on first use, by the first task that seals code).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
-down_revision: str | None = "0010"
+revision: str = "0012"
+down_revision: str | None = "0011"
 branch_labels: str | None = None
 depends_on: str | None = None
 
