@@ -131,3 +131,63 @@ def test_console_script_runs(written: tuple[str, str, Coordinator]) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert {s["status"] for s in json.loads(proc.stdout)["stages"]} == STATUSES
+
+
+#: The real CLI entry point under a memory limit (the address space it had once warm plus
+#: 768 MiB): ``finalckpt checkpoints show`` of a clean checkpoint first (the command's own lazy
+#: imports), then of the hostile one, timed from the call, with its peak RSS before and after.
+_BOUNDED_CLI = """
+import contextlib, io, json, resource, sys, time
+from airflow_finalckpt.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(["checkpoints", "show", sys.argv[2]])
+with open("/proc/self/status") as status:
+    vm = next(int(line.split()[1]) for line in status if line.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (768 << 20), resource.RLIM_INFINITY))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.monotonic()
+try:
+    main(sys.argv[3:])
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+report = {"code": code, "seconds": time.monotonic() - start,
+          "rss_growth_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}
+with open(sys.argv[1], "w") as out:
+    json.dump(report, out)
+"""
+
+
+def test_a_split_set_bomb_is_refused_fast_in_bounded_memory(
+    written: tuple[str, str, Coordinator], tmp_path: Path
+) -> None:
+    """Issue 37: the 136 KB split set that ended in a MemoryError (40,000 entries sharing
+    60,000 characters: 2.4 GB decoded), planted in a real checkpoint with its envelope
+    resealed, is refused by ``finalckpt checkpoints show`` in one line, in under a second, its
+    peak RSS growing by less than 160 MB, under an address-space limit."""
+    from tests.split_set_bombs import bomb_split_set, plant_bomb
+
+    _, path, _ = written
+    clean = tmp_path / "clean" / "cli-demo" / "chk-1" / "_metadata"
+    clean.parent.mkdir(parents=True)
+    clean.write_bytes(Path(path).read_bytes())
+    size = plant_bomb(Path(path), "enrich", bomb_split_set(40_000, 60_000))
+    assert size < 200_000
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOUNDED_CLI, str(report), str(clean), "checkpoints", "show", path],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert report.exists(), out
+    result = json.loads(report.read_text())
+    assert result["code"] == 2, out
+    assert "Traceback" not in out and "MemoryError" not in out, out
+    [line] = [x for x in out.splitlines() if x.strip()]
+    assert "the split ids expand beyond" in line and "'enrich'" in line, line
+    assert result["seconds"] < 1.0, result
+    assert result["rss_growth_kb"] < 160 * 1024, result
