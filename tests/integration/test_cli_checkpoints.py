@@ -105,10 +105,13 @@ def test_unknown_pipeline_and_corrupt_metadata(
     written: tuple[str, str, Coordinator],
 ) -> None:
     url, path, _ = written
-    result = CliRunner().invoke(
-        main, ["checkpoints", "list", "--pipeline", "nope", "--store-url", url, "--json"]
-    )
-    assert result.exit_code == 0 and json.loads(result.output) == []
+    for fmt in (["--json"], []):
+        result = CliRunner().invoke(
+            main, ["checkpoints", "list", "--pipeline", "nope", "--store-url", url, *fmt]
+        )
+        assert result.exit_code == 2, result.output
+        [line] = result.output.strip().splitlines()
+        assert "pipeline 'nope' is not registered" in line, line
     shown = CliRunner().invoke(
         main, ["checkpoints", "show", "1", "--pipeline", "nope", "--store-url", url]
     )
@@ -191,3 +194,23 @@ def test_a_split_set_bomb_is_refused_fast_in_bounded_memory(
     assert "the split ids expand beyond" in line and "'enrich'" in line, line
     assert result["seconds"] < 1.0, result
     assert result["rss_growth_kb"] < 160 * 1024, result
+
+
+def test_list_of_an_unknown_pipeline_refuses_and_a_known_empty_one_lists(
+    store_url: str,
+) -> None:
+    """Issue 37: ``checkpoints list --pipeline <unknown>`` exited 0 with an empty table; now one
+    line and exit 2 like the other commands (the console script itself), while a registered
+    pipeline without checkpoints still lists nothing, successfully."""
+    exe = Path(sys.executable).with_name("finalckpt")
+    args = [str(exe), "checkpoints", "list", "--pipeline", "typo", "--store-url", store_url]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    [line] = proc.stderr.strip().splitlines()
+    assert "pipeline 'typo' is not registered" in line and "Traceback" not in proc.stderr
+    Coordinator(make_engine(store_url), "empty").register(StageGraph.from_edges(["a"], []))
+    listed = CliRunner().invoke(
+        main, ["checkpoints", "list", "--pipeline", "empty", "--store-url", store_url, "--json"]
+    )
+    assert listed.exit_code == 0 and json.loads(listed.output) == []
