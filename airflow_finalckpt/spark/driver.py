@@ -50,6 +50,7 @@ from airflow_finalckpt.spark.job import (
 )
 from airflow_finalckpt.spark.secrets import CODE_KEY_ENV, code_key, open_code, read_secrets_file
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.bounded import driver_file_cap, read_capped
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import auto_migrate_default, require_schema
 from airflow_finalckpt.store_password import with_store_password
@@ -217,7 +218,8 @@ def run_job(job_uri: str, secrets_file: str | None = None) -> int:
     secrets = read_secrets_file(secrets_file)
     storage = _storage_from_env(secrets)
     fs = storage.fs
-    job = DriverJob.from_json(bytes(fs.cat_file(job_uri)))
+    spec = read_capped(fs, job_uri, driver_file_cap("spec.json"), what="driver job spec")
+    job = DriverJob.from_json(spec)
     files = Files(storage, job.pipeline_key, job.stage_id)
     sid = job.submission_id
     heartbeat = Heartbeat(files, sid, job.heartbeat_interval_s)
