@@ -202,6 +202,15 @@ CONFIG_OPTIONS: dict[str, dict[str, Any]] = {
         None,
         "false",
     ),
+    "trust_forwarded_host": _option(
+        "Whether the plugin's CSRF origin check takes a request's X-Forwarded-Host as the "
+        "Airflow UI's host. Unset: false, any client can send that header; the UI's host is "
+        "the request's own and that of [api] base_url (set it when a proxy serves the UI). "
+        "Set true only behind a proxy that overwrites X-Forwarded-Host on every request.",
+        "boolean",
+        None,
+        "true",
+    ),
     "spark_execution": _option(
         "How stage tasks run Spark when neither the operator nor the Spark connection's "
         "finalckpt-execution extra says: in-process, submit or connect. Unset: automatic "

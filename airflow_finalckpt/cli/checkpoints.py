@@ -20,7 +20,7 @@ from airflow_finalckpt.cli._shared import (
 )
 from airflow_finalckpt.config import load_settings
 from airflow_finalckpt.coordination import CheckpointInfo, Coordinator
-from airflow_finalckpt.core.errors import FinalCheckpointError
+from airflow_finalckpt.core.errors import FinalCheckpointError, UnknownPipelineError
 from airflow_finalckpt.core.model import MAX_WATERMARK, CheckpointRecord
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
@@ -112,7 +112,12 @@ def list_checkpoints(pipeline: str, as_json: bool, store_url: str | None) -> Non
     """List the checkpoints of a pipeline, newest first."""
     with _user_errors(store_url, EXIT_ERROR):
         try:
-            infos = _coordinator(store_url, pipeline).checkpoints()
+            coordinator = _coordinator(store_url, pipeline)
+            infos = coordinator.checkpoints()
+            if not infos:
+                coordinator.graph()  # a key the store does not have: refused like elsewhere
+        except UnknownPipelineError as exc:
+            _fail(f"{exc} (see `finalckpt pipelines list` for the keys in use)", EXIT_ERROR)
         except FinalCheckpointError as exc:
             _fail(str(exc), EXIT_ERROR)
     if as_json:

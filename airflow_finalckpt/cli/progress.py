@@ -39,6 +39,7 @@ from airflow_finalckpt.coordination import (
 from airflow_finalckpt.core.batching import Throughput
 from airflow_finalckpt.core.errors import FinalCheckpointError, UnknownPipelineError
 from airflow_finalckpt.core.metadata import load_metadata
+from airflow_finalckpt.core.metadata.registry import MAX_METADATA_BYTES
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
     CheckpointState,
@@ -47,6 +48,7 @@ from airflow_finalckpt.core.model import (
     StopState,
 )
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.bounded import read_capped
 from airflow_finalckpt.storage.hints import read_batch_plan, read_batch_throughput
 
 EXIT_ERROR = 2
@@ -108,7 +110,8 @@ def recorded_statuses(info: CheckpointInfo) -> dict[str, str]:
         if path not in _RECORD_CACHE:
             try:
                 fs, fs_path = url_to_fs(path)
-                record = load_metadata(bytes(fs.cat_file(fs_path)), source=path)
+                data = read_capped(fs, fs_path, MAX_METADATA_BYTES, what="checkpoint metadata")
+                record = load_metadata(data, source=path)
                 _RECORD_CACHE[path] = {s: r.status.value for s, r in record.stages.items()}
             except Exception:  # unreadable here (credentials, discarded): the plan will do
                 return {s: v.value for s, v in info.plan.statuses.items()}

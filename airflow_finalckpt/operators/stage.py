@@ -52,6 +52,7 @@ from airflow_finalckpt.lineage import stage_lineage
 from airflow_finalckpt.operators import scheduling
 from airflow_finalckpt.operators.arguments import check_deploy_mode, check_execution, check_sinks
 from airflow_finalckpt.operators.attempt import StageRun, coordinator_options
+from airflow_finalckpt.operators.definition import check_pipeline_definition
 from airflow_finalckpt.operators.drain import drain_behaviour
 from airflow_finalckpt.operators.failures import fail_permanent_errors
 from airflow_finalckpt.operators.links import PipelinePageLink
@@ -113,6 +114,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         every open event-time window.
     :param stage_id: the stage's id in the pipeline graph and the coordination store (default:
         the task id); keep it when renaming the task, so progress and savepoints still match.
+        Unique in the DAG (two tasks with one stage id are the DAG file's import error).
     :param splits: a source stage's split ids: a list, a callable of the run's ``RunContext``
         (or of nothing), or an incremental source (``airflow_finalckpt.sources``: what is new
         since the last committed run, docs/sources.md); default: the ``primary_input``'s parts
@@ -121,9 +123,11 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         split id, run where the Spark driver runs; None: unknown), so its first auto batch is
         sized from bytes instead of a one-split probe (``sizing.file_bytes`` for file splits).
     :param primary_input: the upstream stage whose output parts are this stage's splits
-        (default: the only upstream stage).
+        (default: the only upstream stage); a stage id that is not upstream is the DAG file's
+        import error.
     :param sinks: two-phase-commit sinks (their ``template_fields`` are rendered per run; their
-        Airflow connections, ``conn_id``, are resolved when the task runs).
+        Airflow connections, ``conn_id``, are resolved when the task runs). Sink ids are unique
+        in the pipeline and no two sinks of it write one table (the DAG file's import error).
     :param pipeline_key: groups DAG runs into one pipeline run (templated; default: DAG id +
         run id, or ``dag_run.conf["pipeline_key"]``).
     :param batch_size: ``"auto"`` (default): batches sized from measured throughput to last
@@ -270,6 +274,17 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
             for t in tasks.values()
         )
 
+    def resolve_template_files(self) -> None:
+        """Airflow's DagBag calls this on every task once the DAG file built the whole DAG:
+        the first stage task checks the pipeline's definition there (``operators/definition``),
+        so a graph-level mistake is the DAG file's import error, not a task failure.
+        """
+        super().resolve_template_files()
+        if self.has_dag():  # type: ignore[no-untyped-call]
+            tasks = self._stage_tasks()
+            if next(iter(tasks.values()), None) is self:
+                check_pipeline_definition(tasks)
+
     def _upstream_stage_tasks(self) -> list[FinalCheckpointStageOperator]:
         tasks = self._stage_tasks()
         return [tasks[u] for u in sorted(self.upstream_task_ids) if u in tasks]
@@ -290,6 +305,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
     @fail_permanent_errors
     def execute(self, context: Context) -> Any:
         """Run the stage's attempt (or park it, deferred, while it waits or is suspended)."""
+        check_pipeline_definition(self._stage_tasks())  # a DAG the DagBag did not check
         hook = self._hook()
         settings = hook.get_settings()  # registers the store's credentials with the masker
         bind_sink_connections(self.sinks, self.log)  # conn_id sinks: now, never at parse time

@@ -97,11 +97,18 @@ def transaction_prefix(pipeline_key: str, stage_id: str) -> str:
     return f"{stage_id}.p{digest}."
 
 
-def transaction_id(pipeline_key: str, stage_id: str, batch: str, epoch: int | None) -> str:
-    """``<stage>.p<pipeline digest>.<batch key>.e<epoch>``: one per batch and attempt, at most
-    200 characters (a long stage id or batch key is shortened with a digest, never the epoch).
+def transaction_id(
+    pipeline_key: str, stage_id: str, batch: str, epoch: int | None, sink_id: str | None = None
+) -> str:
+    """``<stage>.p<pipeline digest>.<batch key>.<sink id>.e<epoch>``: one per batch, sink and
+    attempt, at most 200 characters (a long stage id, batch key or sink id is shortened with a
+    digest, never the epoch). The sink id keeps two sinks of one stage out of each other's
+    staging (issue 37: two sinks on one path shared ``txn-<id>/`` and committed each row
+    twice); ids written without it by earlier versions (``sink_id`` None) stay valid, opaque
+    to the sinks and keep the stage's prefix the orphan sweep matches.
     """
-    body, suffix = f"{transaction_prefix(pipeline_key, stage_id)}{batch}", f".e{epoch}"
+    sink = "" if sink_id is None else f".{sink_id}"
+    body, suffix = f"{transaction_prefix(pipeline_key, stage_id)}{batch}{sink}", f".e{epoch}"
     if len(body) + len(suffix) > 200:
         body = f"{body[:180]}-{hashlib.sha1(body.encode()).hexdigest()[:10]}"
     return body + suffix

@@ -40,7 +40,6 @@ why, because what it references is unknown.
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import time
@@ -54,6 +53,7 @@ from airflow_finalckpt.core.errors import (
     FinalCheckpointError,
     InvalidGraphError,
     MetadataError,
+    StorageError,
     UnsafePathError,
 )
 from airflow_finalckpt.core.graph import StageGraph
@@ -89,6 +89,7 @@ from airflow_finalckpt.runtime.gc_report import (
     KeptEntry,
 )
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.bounded import read_json_document
 from airflow_finalckpt.storage.paths import normalize_state_path
 
 __all__ = [
@@ -166,14 +167,14 @@ class _Collector:
         if cache_key not in self._docs:
             found: str | None = None
             try:
-                doc = json.loads(bytes(self.fs.cat_file(self.fs_path(handle.path))))
+                doc = read_json_document(self.fs, self.fs_path(handle.path), "state document")
                 if isinstance(doc, dict) and isinstance(doc.get("path"), str):
                     found = doc["path"]
             except FileNotFoundError:
                 self.refs.notes.append(
                     f"state handle {handle.name!r} file {handle.path} is missing"
                 )
-            except (ValueError, OSError) as exc:
+            except (ValueError, OSError, StorageError) as exc:
                 self.refs.notes.append(
                     f"state handle {handle.name!r} file {handle.path} is unreadable: {exc}"
                 )

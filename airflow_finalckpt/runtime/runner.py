@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from airflow_finalckpt import metrics
 from airflow_finalckpt.core.assignment import remaining_splits
 from airflow_finalckpt.core.batching import Throughput
-from airflow_finalckpt.core.errors import StaleEpochError
+from airflow_finalckpt.core.definition import SinkDecl, sink_clashes
+from airflow_finalckpt.core.errors import StageDefinitionError, StaleEpochError
 from airflow_finalckpt.core.model import (
     MAX_WATERMARK,
     OUTPUT_PREFIX,
@@ -115,6 +116,9 @@ class StageRunner:
         self.coordinator = coordinator
         self.spec = spec
         self.logic = logic
+        clashes = sink_clashes([(spec.stage_id, SinkDecl(s.sink_id, s.target())) for s in sinks])
+        if clashes:  # two sinks on one table: every row committed twice (core.definition)
+            raise StageDefinitionError(clashes[0])
         self.sinks = {s.sink_id: s for s in sinks}
         self.output_handle = output_handle
         self.log: Log = log or logging.getLogger("airflow_finalckpt.stage")
@@ -383,8 +387,12 @@ class StageRunner:
         return out
 
     def _txn_ids(self, key: str) -> dict[str, str]:
-        txn_id = transaction_id(self.spec.pipeline_key, self.spec.stage_id, key, self.epoch)
-        return dict.fromkeys(self.sinks, txn_id)
+        """Each sink's transaction of batch ``key`` (its own: the sink id is part of it)."""
+        spec = self.spec
+        return {
+            sid: transaction_id(spec.pipeline_key, spec.stage_id, key, self.epoch, sid)
+            for sid in self.sinks
+        }
 
     def _precommit(self, key: str) -> list[SinkTransaction]:
         # The covering checkpoint is stamped by the coordinator; 0 means "not yet covered".

@@ -25,6 +25,10 @@ SAFE_IDENTIFIER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 SLICE_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
+#: URI schemes that name one store: a table under either is the same table.
+_SAME_SCHEME = {"s3a": "s3", "s3n": "s3"}
+
+
 class SinkError(FinalCheckpointError):
     """A sink refused an operation."""
 
@@ -121,6 +125,18 @@ class TwoPhaseCommitSink(ABC):
 
     def __init__(self, sink_id: str) -> None:
         self.sink_id = validate_identifier(sink_id, "sink id")
+
+    def target(self) -> str | None:
+        """What the sink writes, comparable between sinks: its Asset URI (a table directory,
+        a database table), ``s3a://``/``s3n://`` read as ``s3://``. Two sinks of one pipeline
+        on one target would each commit every row (``core.definition``). None: not known
+        before the task runs. Shown in errors, so it never holds a secret.
+        """
+        uri = self.asset_uri
+        if uri is None:
+            return None
+        scheme, sep, rest = uri.partition("://")
+        return f"{_SAME_SCHEME.get(scheme, scheme)}{sep}{rest.rstrip('/')}"
 
     def commit_replacing(self, txns: Sequence[SinkTransaction]) -> bool:
         """Replace the ``replace_slice`` rows with every transaction's rows, atomically and

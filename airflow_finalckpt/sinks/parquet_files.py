@@ -18,6 +18,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from airflow_finalckpt.sinks.base import SinkError
+from airflow_finalckpt.storage.bounded import MAX_DOCUMENT_BYTES, read_capped
 
 MANIFEST_FORMAT = 1
 
@@ -114,8 +115,9 @@ class TableFiles:
     def read_manifest(self, path: str) -> dict[str, Any]:
         """A manifest or commit record, refused unless it is JSON of the expected format."""
         try:
-            with self.fs.open(path, "rb") as handle:
-                document = json.loads(handle.read())
+            what = f"sink {self.sink_id!r}: manifest"
+            raw = read_capped(self.fs, path, MAX_DOCUMENT_BYTES, what=what, error=SinkError)
+            document = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SinkError(f"sink {self.sink_id!r}: {path} is not valid JSON: {exc}") from exc
         if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:

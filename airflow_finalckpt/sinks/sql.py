@@ -220,6 +220,14 @@ class SqlTableSink(TwoPhaseCommitSink):
             return f"postgres://{where}/{url.database}/public/{self.table_name}"
         return f"sqlite:///{os.path.abspath(url.database or '')}/{self.table_name}"
 
+    def target(self) -> str | None:
+        """The table as the DAG names it: through its connection (resolved or not, so a
+        check at parse time and one in the task agree), else its URL's database.
+        """
+        if self.conn_id is not None:
+            return f"sql://{self.conn_id}/{self.table_name}"
+        return super().target()
+
     @property
     def staging_table_name(self) -> str:
         """Where rows wait for their commit: the target's name with ``__staging``."""

@@ -38,6 +38,7 @@ from airflow_finalckpt.sinks.base import (
 )
 from airflow_finalckpt.sinks.parquet_files import fsync
 from airflow_finalckpt.sinks.storage_connection import StorageConnectionMixin
+from airflow_finalckpt.storage.bounded import MAX_DOCUMENT_BYTES, read_capped
 
 if TYPE_CHECKING:
     import pandas
@@ -246,8 +247,9 @@ class StagedTableSink(StorageConnectionMixin, TwoPhaseCommitSink):
     def _read_json(self, fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any] | None:
         fs.invalidate_cache(path)
         try:
-            with fs.open(path, "rb") as handle:
-                document = json.loads(handle.read())
+            what = f"sink {self.sink_id!r}: manifest"
+            raw = read_capped(fs, path, MAX_DOCUMENT_BYTES, what=what, error=SinkError)
+            document = json.loads(raw)
         except FileNotFoundError:
             return None
         except (ValueError, UnicodeDecodeError) as exc:

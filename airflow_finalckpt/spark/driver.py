@@ -67,6 +67,7 @@ from airflow_finalckpt.spark.secrets import (
     read_secrets_file,
 )
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.bounded import driver_file_cap, read_capped
 from airflow_finalckpt.store.deployment_secrets import CODE_SIGNING_KEY, stored_secret
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import auto_migrate_default, require_schema
@@ -238,7 +239,8 @@ def signing_key(secrets: dict[str, Any], engine: Engine) -> str:
 
 def open_job(storage: CheckpointStorage, job_uri: str, key: str) -> OpenedSpec:
     """The verified job of ``job_uri``: sealed with ``key`` and written in its own directory."""
-    opened = open_spec(bytes(storage.fs.cat_file(job_uri)), key, job_uri)
+    sealed = read_capped(storage.fs, job_uri, driver_file_cap("spec.json"), what="driver job spec")
+    opened = open_spec(sealed, key, job_uri)
     job = opened.job
     own = Files(storage, job.pipeline_key, job.stage_id).path(job.submission_id, "spec.json")
     strip = storage.fs._strip_protocol

@@ -36,6 +36,7 @@ from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.runtime.assembly import StageJob
 from airflow_finalckpt.runtime.runner import CommitMode, RunResult, RunStatus, StageSpec
 from airflow_finalckpt.storage import CheckpointStorage
+from airflow_finalckpt.storage.bounded import driver_file_cap, read_capped
 
 #: 2: batch_size may be "auto", with target_batch_s and hints_scope (and, optional within
 #: format 2, ``run_context``: the Airflow run's logical date, interval, params; see
@@ -284,7 +285,7 @@ class Files:
         fs = self.storage.fs
         try:
             fs.invalidate_cache(posixpath.dirname(full))
-            return bytes(fs.cat_file(full))
+            return read_capped(fs, full, driver_file_cap(name), what="driver file")
         except FileNotFoundError:
             return None
 

@@ -24,6 +24,7 @@ from fsspec.core import url_to_fs
 
 from airflow_finalckpt.core.errors import (
     ConfigurationError,
+    FinalCheckpointError,
     MetadataError,
     StorageError,
     UnsafePathError,
@@ -33,6 +34,7 @@ from airflow_finalckpt.core.metadata.registry import MAX_METADATA_BYTES
 from airflow_finalckpt.core.model import CheckpointRecord, StateHandle
 from airflow_finalckpt.storage import savepoint_files
 from airflow_finalckpt.storage.atomic import atomic_write, protocols_of
+from airflow_finalckpt.storage.bounded import MAX_DOCUMENT_BYTES, read_capped
 from airflow_finalckpt.storage.paths import (
     METADATA_FILE_NAME,
     checkpoint_dir_name,
@@ -44,6 +46,10 @@ from airflow_finalckpt.storage.paths import (
 #: Advisory files shared across the runs of a scope (e.g. a stage's measured batch throughput);
 #: never a pipeline directory, since a pipeline key cannot start with '='.
 HINTS_DIR = "=hints"
+
+
+class _LargerFileError(StorageError):
+    """An existing file is larger than the one about to replace it (so it differs)."""
 
 
 @dataclass(frozen=True)
@@ -174,19 +180,38 @@ class CheckpointStorage:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _read_bytes(self, fs_path: str) -> bytes | None:
-        """The file's bytes (at most one byte more than a ``_metadata`` file may have, so an
-        oversized one is refused without reading it whole), or None if it does not exist;
-        other I/O errors as StorageError.
+    def _read_bytes(
+        self,
+        fs_path: str,
+        limit: int = MAX_DOCUMENT_BYTES,
+        what: str = "file",
+        error: type[FinalCheckpointError] = StorageError,
+    ) -> bytes | None:
+        """The file's bytes, or None if it does not exist; a file over ``limit`` bytes is
+        refused unread (``error``, see ``storage.bounded``), other I/O errors as StorageError.
         """
         try:
             savepoint_files.refuse_link_out(self.fs, fs_path, self._root or "/")
-            with self.fs.open(fs_path, "rb") as handle:
-                return bytes(handle.read(MAX_METADATA_BYTES + 1))
+            return read_capped(self.fs, fs_path, limit, what=what, error=error)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StorageError(f"cannot read {self._public(fs_path)}: {exc}") from exc
+
+    def _read_metadata(self, fs_path: str) -> bytes | None:
+        """A ``_metadata`` file's bytes (None if absent); over MAX_METADATA_BYTES: MetadataError,
+        so a reader falls back as from any corrupt checkpoint.
+        """
+        return self._read_bytes(fs_path, MAX_METADATA_BYTES, "checkpoint metadata", MetadataError)
+
+    def _existing_metadata(self, fs_path: str, size: int) -> bytes | None:
+        """What a ``_metadata`` about to be written holds already, read up to ``size`` bytes
+        (the new file's): a larger file differs, whatever it holds (None: there is none).
+        """
+        try:
+            return self._read_bytes(fs_path, size, "checkpoint metadata", _LargerFileError)
+        except _LargerFileError:
+            return b""  # never the bytes of a metadata file
 
     def write_checkpoint(
         self, record: CheckpointRecord, *, replace_orphan: bool = False
@@ -203,7 +228,7 @@ class CheckpointStorage:
         fs_dir = self._checkpoint_fs_dir(record.pipeline_key, record.checkpoint_id)
         fs_path = f"{fs_dir}/{METADATA_FILE_NAME}"
         data = dump_metadata(record)
-        existing = self._read_bytes(fs_path)
+        existing = self._existing_metadata(fs_path, len(data))
         if existing == data:
             return self._public(fs_path), len(data)
         if existing is not None and not replace_orphan:
@@ -236,7 +261,7 @@ class CheckpointStorage:
         """
         location = self.locate(path)
         fs_dir = self._checkpoint_fs_dir(location.pipeline_key, location.checkpoint_id)
-        data = self._read_bytes(f"{fs_dir}/{METADATA_FILE_NAME}")
+        data = self._read_metadata(f"{fs_dir}/{METADATA_FILE_NAME}")
         if data is None:
             raise MetadataError(
                 f"no checkpoint metadata at {location.metadata_path}: the checkpoint does not "
@@ -350,8 +375,8 @@ class CheckpointStorage:
     def read_state(self, pipeline_key: str, handle: StateHandle) -> bytes:
         """The state file's bytes, verified against the handle's size and sha256."""
         fs_path = self._state_fs_path(pipeline_key, handle.path)
-        data = self._read_bytes(fs_path)
         where = f"state file {self._public(fs_path)} (handle {handle.name!r})"
+        data = self._read_bytes(fs_path, max(handle.size, 0), where)  # never more than recorded
         if data is None:
             raise StorageError(f"{where} is missing")
         digest = hashlib.sha256(data).hexdigest()

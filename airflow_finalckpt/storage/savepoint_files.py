@@ -50,6 +50,7 @@ from airflow_finalckpt.core.model import (
     output_parts,
 )
 from airflow_finalckpt.storage.atomic import TEMP_MARKER, atomic_write
+from airflow_finalckpt.storage.bounded import MAX_DOCUMENT_BYTES, read_capped, read_json_document
 from airflow_finalckpt.storage.paths import METADATA_FILE_NAME, normalize_state_path
 
 
@@ -125,8 +126,8 @@ def _doc_paths(fs: AbstractFileSystem, base: str, record: CheckpointRecord) -> l
             if handle.name.startswith(OUTPUT_PREFIX) or not handle.path.endswith(".json"):
                 continue
             try:
-                doc = json.loads(bytes(fs.cat_file(f"{base}/{handle.path}")))
-            except (OSError, ValueError):
+                doc = read_json_document(fs, f"{base}/{handle.path}", "state document")
+            except (OSError, ValueError, StorageError):
                 continue  # a missing handle file is reported by its own entry
             path = normalize_state_path(doc.get("path")) if isinstance(doc, dict) else None
             if path:
@@ -264,7 +265,8 @@ def _source_dir(storage: CheckpointStorage, source: str) -> tuple[AbstractFileSy
 def read_manifest(fs: AbstractFileSystem, fs_dir: str, where: str) -> dict[str, Any] | None:
     """The savepoint's file list (None for a checkpoint without one); StorageError if corrupt."""
     try:
-        raw = bytes(fs.cat_file(f"{fs_dir}/{FILES_MANIFEST}"))
+        path = f"{fs_dir}/{FILES_MANIFEST}"
+        raw = read_capped(fs, path, MAX_DOCUMENT_BYTES, what="the savepoint's file list")
     except FileNotFoundError:
         return None
     try:
@@ -336,8 +338,10 @@ def _copy_verified(
     entry: dict[str, Any],
     where: str,
 ) -> int:
-    try:
-        data = bytes(src_fs.cat_file(src))
+    size = entry.get("size")
+    try:  # never more than the file list records: a larger file is refused unread
+        limit = size if type(size) is int and size >= 0 else 0
+        data = read_capped(src_fs, src, limit, what=f"savepoint file (listed in {where})")
     except FileNotFoundError:
         raise StorageError(
             f"savepoint {where} lists {src.rsplit(f'/{FILES_DIR}/', 1)[-1]} but its copy "

@@ -347,6 +347,33 @@ def test_cookie_session_works_for_reads_and_needs_the_csrf_header_for_changes(
         client.cookies.clear()
 
 
+def test_a_forged_forwarded_host_does_not_pass_the_origin_check(
+    client: TestClient, store: Store, token: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: a client-supplied X-Forwarded-Host naming the foreign Origin once made it
+    look like the UI's own; it counts only when [finalckpt] trust_forwarded_host says a proxy
+    sets it, and Airflow's [api] base_url names the UI's host behind a proxy."""
+    forged = {**CSRF, "Origin": "https://evil.example", "X-Forwarded-Host": "evil.example"}
+    public = {**CSRF, "Origin": "https://airflow.example.org"}
+    monkeypatch.delenv("AIRFLOW__FINALCKPT__TRUST_FORWARDED_HOST", raising=False)
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.org/")
+    client.cookies.set("_token", token("USER", name="alice"))
+    try:
+        before = store.snapshot()
+        resp = client.post(api("/stop"), json={"mode": "savepoint"}, headers=forged)
+        assert resp.status_code == 403, resp.text
+        assert "origin 'https://evil.example' refused" in resp.json()["detail"]
+        assert store.snapshot() == before
+        monkeypatch.setenv("AIRFLOW__FINALCKPT__TRUST_FORWARDED_HOST", "true")
+        proxied = {**CSRF, "Origin": "https://proxy.example", "X-Forwarded-Host": "proxy.example"}
+        resp = client.post(api("/stop"), json={"mode": "savepoint"}, headers=proxied)
+        assert resp.status_code == 202, resp.text
+        resp = client.post(api("/resume"), headers=public)
+        assert resp.status_code != 403, resp.text
+    finally:
+        client.cookies.clear()
+
+
 def test_bearer_token_wins_over_the_cookie(client: TestClient, token: Callable[..., str]) -> None:
     client.cookies.set("_token", token("ADMIN"))
     try:

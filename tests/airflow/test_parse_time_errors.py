@@ -185,3 +185,84 @@ def test_a_missing_sqlite_directory_parses_and_fails_at_first_use_naming_the_sin
         sink.committed_txn_ids()
     (tmp_path / "nowhere").mkdir()
     assert sink.committed_txn_ids() == set()
+
+
+# ------------------------------------------------------------ the whole DAG (issue 37)
+
+GRAPH_CASES = {
+    "one stage_id on two tasks": (
+        'FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"], stage_id="s")\n'
+        '    FinalCheckpointStageOperator(task_id="b", transform=noop, splits=["y"], stage_id="s")',
+        "InvalidGraphError: stage id 's' is given to two tasks ('a' and 'b'); stage ids must be "
+        "unique in a pipeline",
+    ),
+    "unknown primary_input": (
+        'a = FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"])\n'
+        '    b = FinalCheckpointStageOperator(task_id="b", transform=noop, primary_input="nope")\n'
+        "    a >> b",
+        "StageDefinitionError: stage 'b': primary_input 'nope' is not an upstream stage (its "
+        "upstream stages: ['a'])",
+    ),
+    "primary_input of a stage that is not upstream": (
+        'a = FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"])\n'
+        '    b = FinalCheckpointStageOperator(task_id="b", transform=noop, splits=["y"])\n'
+        '    c = FinalCheckpointStageOperator(task_id="c", transform=noop, primary_input="b")\n'
+        "    a >> c",
+        "stage 'c': primary_input 'b' is not an upstream stage (its upstream stages: ['a'])",
+    ),
+    "no input": (
+        'FinalCheckpointStageOperator(task_id="a", transform=noop)',
+        "stage 'a' needs `splits` (a source stage) or `primary_input` (it has 0 upstream stages)",
+    ),
+    "one sink_id in two stages": (
+        'a = FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"], '
+        'sinks=[ParquetTableSink("out", TMP + "/t1")])\n'
+        '    b = FinalCheckpointStageOperator(task_id="b", transform=noop, '
+        'sinks=[ParquetTableSink("out", TMP + "/t2")])\n'
+        "    a >> b",
+        "StageDefinitionError: sink id 'out' is used by stages 'a' and 'b'; sink ids must be "
+        "unique in a pipeline",
+    ),
+    "two sinks on one path in one stage": (
+        'FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"], '
+        'sinks=[ParquetTableSink("one", TMP + "/t"), ParquetTableSink("two", TMP + "/t/")])',
+        "StageDefinitionError: sinks 'one' (stage 'a') and 'two' (stage 'a') both write "
+        "file://{tmp}/t; give a table one sink in a pipeline",
+    ),
+    "two sinks on one table in two stages": (
+        'a = FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"], '
+        'sinks=[SqlTableSink("one", conn_id="warehouse", table="rows")])\n'
+        '    b = FinalCheckpointStageOperator(task_id="b", transform=noop, '
+        'sinks=[SqlTableSink("two", conn_id="warehouse", table="rows")])\n'
+        "    a >> b",
+        "sinks 'one' (stage 'a') and 'two' (stage 'b') both write sql://warehouse/rows",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRAPH_CASES))
+def test_a_graph_level_mistake_is_the_dag_import_error(tmp_path: Path, case: str) -> None:
+    body, expected = GRAPH_CASES[case]
+    error = import_error(tmp_path, body)
+    assert expected.format(tmp=tmp_path) in error, error
+    assert "\n" not in error.strip(), error
+
+
+def test_distinct_sinks_and_inputs_parse(tmp_path: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    body = (
+        'a = FinalCheckpointStageOperator(task_id="a", transform=noop, splits=["x"], '
+        'sinks=[ParquetTableSink("one", TMP + "/t1"), ParquetTableSink("two", TMP + "/t2")])\n'
+        '    b = FinalCheckpointStageOperator(task_id="b", transform=noop, splits=["y"])\n'
+        '    c = FinalCheckpointStageOperator(task_id="c", transform=noop, primary_input="b", '
+        'sinks=[SqlTableSink("three", conn_id="warehouse", table="rows")])\n'
+        '    d = FinalCheckpointStageOperator(task_id="d", transform=noop)\n'
+        "    [a, b] >> c\n"
+        "    a >> d"
+    )
+    path = tmp_path / "parse_ok.py"
+    path.write_text(textwrap.dedent(DAG_FILE).format(tmp=str(tmp_path), body=body))
+    bag = DagBag(dag_folder=str(path), bundle_path=tmp_path, bundle_name="parse-check")
+    assert bag.import_errors == {}
+    assert list(bag.dags) == ["parse_check"]

@@ -176,6 +176,45 @@ def test_transaction_ids_are_unique_per_pipeline_and_keep_the_epoch() -> None:
     assert len(long_ids) == 3 and all(len(t) <= 200 and t.endswith(".e7") for t in long_ids)
 
 
+def test_each_sink_of_a_stage_gets_its_own_transaction_id() -> None:
+    """Issue 37: the sink id is part of the id (and so of every sink's staging path); an id
+    written by an earlier version, without it, keeps the stage's prefix: it is still
+    committed by id and still swept as an orphan."""
+    from types import SimpleNamespace
+
+    from airflow_finalckpt.runtime.closer import abort_orphaned_transactions
+    from airflow_finalckpt.runtime.runner import transaction_id, transaction_prefix
+
+    old = transaction_id("dag.run1", "publish", "2013-01-01-n3-abc", 1)
+    a = transaction_id("dag.run1", "publish", "2013-01-01-n3-abc", 1, "windows_a")
+    b = transaction_id("dag.run1", "publish", "2013-01-01-n3-abc", 1, "windows_b")
+    assert len({old, a, b}) == 3
+    assert a == "publish.p" + a.split(".p", 1)[1] and a.endswith(".windows_a.e1")
+    prefix = transaction_prefix("dag.run1", "publish")
+    assert all(t.startswith(prefix) for t in (old, a, b))
+    long_ids = {transaction_id("k", "s", "b" * 190, 2, f"sink_{i}") for i in range(3)}
+    assert len(long_ids) == 3 and all(len(t) <= 200 and t.endswith(".e2") for t in long_ids)
+
+    aborted: list[str] = []
+
+    class Sink:
+        sink_id = "windows_a"
+
+        def staged_txn_ids(self) -> set[str]:
+            return {old, a, "other.p0.x.e1"}
+
+        def abort(self, txn: object) -> None:
+            aborted.append(txn.txn_id)  # type: ignore[attr-defined]
+
+    recorded = SimpleNamespace(txn_id=a)
+    coordinator = SimpleNamespace(
+        pipeline_key="dag.run1", transactions=lambda stage_id: [(recorded, "PRECOMMITTED")]
+    )
+    log = SimpleNamespace(info=lambda *args: None)
+    swept = abort_orphaned_transactions(coordinator, "publish", [Sink()], log)  # type: ignore[arg-type]
+    assert swept == [old] and aborted == [old]
+
+
 def test_a_stop_with_savepoint_waits_for_at_most_the_batch_in_flight(env: tuple) -> None:
     from airflow_finalckpt.core.model import StopMode, StopState
     from airflow_finalckpt.runtime.runner import RunStatus

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from airflow_finalckpt.core.errors import MetadataError
 from airflow_finalckpt.core.metadata.compact import (
+    DecodeBudget,
     decode_split_set,
     encode_split_set,
     pack_canonical,
@@ -318,7 +319,7 @@ def _end_of_data(stage: StageV2 | FinishedStageV2) -> EndOfData | None:
     return None if eod is None else EndOfData(**eod.model_dump())
 
 
-def _stage_to_record(stage_id: str, stage: StageV2) -> StageCheckpointRecord:
+def _stage_to_record(stage_id: str, stage: StageV2, budget: DecodeBudget) -> StageCheckpointRecord:
     splits = stage.finished_splits
     return StageCheckpointRecord(
         stage_id=stage_id,
@@ -326,7 +327,7 @@ def _stage_to_record(stage_id: str, stage: StageV2) -> StageCheckpointRecord:
         finished_splits=frozenset()
         if splits is None
         else decode_split_set(
-            splits.model_dump(), what=f"the finished splits of stage {stage_id!r}"
+            splits.model_dump(), what=f"the finished splits of stage {stage_id!r}", budget=budget
         ),
         state=tuple(StateHandle(**h.model_dump()) for h in stage.state),
         pending_transactions=_transactions(stage),
@@ -359,7 +360,8 @@ def body_to_record(body: CheckpointBodyV2) -> CheckpointRecord:
     if not isinstance(graph, dict):
         raise MetadataError(f"the graph is a JSON {type(graph).__name__}, expected an object")
     stages = {sid: _finished_to_record(sid, stage) for sid, stage in finished.items()}
-    others = {sid: _stage_to_record(sid, stage) for sid, stage in body.stages.items()}
+    budget = DecodeBudget()  # one for every split set of the file
+    others = {sid: _stage_to_record(sid, stage, budget) for sid, stage in body.stages.items()}
     bare = {
         sid: StageCheckpointRecord(stage_id=sid, status=StageStatus.NOT_STARTED)
         for sid in body.not_started

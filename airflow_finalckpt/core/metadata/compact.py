@@ -11,6 +11,13 @@ another file or checkpoint) and checkable on its own:
   ids), checked when it is decoded, so a corrupt or wrongly encoded set is refused, never
   silently restored as another set;
 - a *packed* value is any JSON value (the graph, the fully finished stages), compressed.
+
+Decoding is bounded (issue 37): front coding expands without limit (an id may share all of
+the previous one, so N entries of a few bytes each can decode to N times a long id: a 7 KB set
+once took 127 MB). Every split set of one ``_metadata`` file draws on one
+:class:`DecodeBudget`, charged before the JSON is parsed and id by id while it expands, and the
+set's fingerprint is hashed as the ids appear (no second copy of the set to hash it): a hostile
+or corrupt set is refused with a MetadataError once it passes the budget, never after.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import binascii
 import hashlib
 import zlib
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_finalckpt.core.errors import MetadataError
 from airflow_finalckpt.core.metadata.envelope import (
@@ -35,7 +42,43 @@ PACKED_ENCODING = "zlib+base64"
 #: A packed value never inflates beyond this (a corrupt or hostile file cannot exhaust memory):
 #: the largest legitimate ones (the fully finished stages of 10,000 stages) take a few MB.
 MAX_UNPACKED_BYTES = 64 << 20
+#: What the split sets of one ``_metadata`` file may decode to: the characters of every id
+#: plus :data:`SPLIT_ID_OVERHEAD` per id. 64 MiB: half a million ids of 64 characters (a
+#: bucket path each) finished by the stages still in progress, ten times the largest
+#: checkpoint we measure (100,000 splits of which 50,000 finished: 5 MiB; with 10,000 stages
+#: x 100 splits the fully finished stages keep no ids). A legitimate set of that size decodes
+#: in about a second; a bomb is refused once it has spent it.
+MAX_DECODED_SPLIT_BYTES = 64 << 20
+#: What one id costs besides its characters, counted against the budget: about CPython's
+#: string header and its slots in the list and the set being built.
+SPLIT_ID_OVERHEAD = 64
 _LEVEL = 6
+#: Characters of ids hashed per call while a set expands (one encoder call per chunk of ids,
+#: not per id, and never a copy of the whole set).
+_HASH_CHUNK = 1 << 20
+
+
+class DecodeBudget:
+    """What the split sets of one ``_metadata`` file may still decode to, in bytes; shared by
+    every set of the file, so many small bombs add up to one refusal.
+    """
+
+    def __init__(self, limit: int = MAX_DECODED_SPLIT_BYTES) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def require(self, amount: int, what: str) -> None:
+        """Refuse now what would spend more than is left (``amount`` is not taken)."""
+        if amount > self.left:
+            self.refuse(what)
+
+    def refuse(self, what: str) -> NoReturn:
+        """The one-line MetadataError of a spent budget."""
+        raise MetadataError(
+            f"{what}: the split ids expand beyond {self.limit} bytes, the limit of one "
+            "checkpoint (MAX_DECODED_SPLIT_BYTES); the file is corrupt or not written by "
+            "airflow-finalckpt"
+        )
 
 
 def split_set_fingerprint(splits: Collection[str]) -> str:
@@ -109,11 +152,29 @@ def _inflate(text: str, what: str, limit: int = MAX_UNPACKED_BYTES) -> bytes:
     return out
 
 
-def _expand(coded: Any, what: str) -> list[str]:
+def _chunked_fingerprint(ordered: list[str]) -> str:
+    """:func:`split_set_fingerprint` of sorted ids, hashed a chunk of ids at a time: the same
+    digest without a canonical JSON copy of the whole set in memory.
+    """
+    digest = hashlib.sha256(b"[")
+    start, size = 0, 0
+    for end, split in enumerate(ordered, start=1):
+        size += len(split) + 8
+        if size >= _HASH_CHUNK or end == len(ordered):
+            text = canonical_json(ordered[start:end])[1:-1]  # the ids without the brackets
+            digest.update(text if start == 0 else b"," + text)
+            start, size = end, 0
+    digest.update(b"]")
+    return digest.hexdigest()
+
+
+def _expand(coded: Any, what: str, budget: DecodeBudget) -> list[str]:
+    """The ids of a front-coded list, each charged to ``budget`` before it is made."""
     if not isinstance(coded, list) or len(coded) % 2:
         raise MetadataError(f"{what}: the front-coded ids are not a list of (prefix, rest) pairs")
     ordered: list[str] = []
     previous = ""
+    left = budget.left
     for shared, rest in zip(coded[::2], coded[1::2], strict=True):
         if type(shared) is not int or not isinstance(rest, str):
             raise MetadataError(
@@ -125,27 +186,42 @@ def _expand(coded: Any, what: str) -> list[str]:
                 f"{what}: front-coded entry {len(ordered)} shares {shared} characters with a "
                 f"previous id of {len(previous)}"
             )
+        left -= shared + len(rest) + SPLIT_ID_OVERHEAD
+        if left < 0:  # before the id is made
+            budget.refuse(what)
         split = previous[:shared] + rest
         if ordered and split <= previous:
             raise MetadataError(f"{what}: the split ids are not sorted and unique")
         ordered.append(split)
         previous = split
+    budget.left = left
     return ordered
 
 
-def decode_split_set(encoded: Mapping[str, Any], *, what: str = "split set") -> frozenset[str]:
-    """The ids of an encoded split set; MetadataError if it is corrupt or its count or sha256
-    does not match its ids.
+def decode_split_set(
+    encoded: Mapping[str, Any], *, what: str = "split set", budget: DecodeBudget | None = None
+) -> frozenset[str]:
+    """The ids of an encoded split set; MetadataError if it is corrupt, its count or sha256
+    does not match its ids, or it decodes beyond ``budget`` (a fresh
+    :data:`MAX_DECODED_SPLIT_BYTES` one if None; a file's reader passes one for all its sets).
     """
     if encoded.get("encoding") != SPLITS_ENCODING:
         raise MetadataError(
             f"{what}: unknown encoding {short_repr(encoded.get('encoding'))}, "
             f"expected {SPLITS_ENCODING!r}"
         )
-    ordered = _expand(parse_json(_inflate(encoded["data"], what), what), what)
-    if len(ordered) != encoded["count"]:
-        raise MetadataError(f"{what}: it states {encoded['count']} splits but holds {len(ordered)}")
-    actual = json_sha256(ordered)
+    budget = DecodeBudget() if budget is None else budget
+    count = encoded["count"]
+    budget.require(count * SPLIT_ID_OVERHEAD, what)  # the stated count alone is too many ids
+    text = _inflate(encoded["data"], what, limit=min(MAX_UNPACKED_BYTES, budget.left))
+    # a parsed entry costs about what an id costs: bound what json.loads would build (at most
+    # one (prefix, rest) pair per two commas) before it builds it
+    budget.require((text.count(b",") + 2) // 2 * SPLIT_ID_OVERHEAD, what)
+    coded = parse_json(text, what)
+    if isinstance(coded, list) and len(coded) % 2 == 0 and len(coded) != 2 * count:
+        raise MetadataError(f"{what}: it states {count} splits but holds {len(coded) // 2}")
+    ordered = _expand(coded, what, budget)
+    actual = _chunked_fingerprint(ordered)  # after the budget held: hashing costs more
     if actual != encoded["sha256"]:
         raise MetadataError(
             f"{what}: its split ids hash to {actual}, not to the recorded fingerprint "

@@ -18,7 +18,9 @@ do this to that DAG's runs), both delegating to Airflow's configured auth manage
 * CSRF: a state-changing request authenticated by the cookie must carry the header
   ``X-Finalckpt-Request: 1`` (a cross-site form cannot set it, and cross-origin scripts would
   need a CORS preflight Airflow does not grant) and must not come from another origin
-  (``Origin`` / ``Sec-Fetch-Site``) -> **403** otherwise. Bearer tokens are not ambient, so
+  (``Origin`` / ``Sec-Fetch-Site``; the UI's own origin is the request's host, the host of
+  Airflow's ``[api] base_url``, and ``X-Forwarded-Host`` only with ``[finalckpt]
+  trust_forwarded_host``) -> **403** otherwise. Bearer tokens are not ambient, so
   they need neither.
 
 Checks run before any state is read or changed: a 401/403 changes nothing.
@@ -34,6 +36,8 @@ from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request, status
 
+from airflow_finalckpt.provider_info import SECTION
+
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.base_auth_manager import ResourceMethod
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -48,6 +52,9 @@ COOKIE_NAME = "_token"
 CSRF_HEADER = "X-Finalckpt-Request"
 CSRF_VALUE = "1"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: ``[finalckpt] trust_forwarded_host``: a proxy in front of the api-server sets (overwrites)
+#: ``X-Forwarded-Host`` on every request, so the CSRF origin check may take it as the host.
+TRUST_FORWARDED_HOST = "trust_forwarded_host"
 
 
 @dataclass(frozen=True)
@@ -129,13 +136,7 @@ def check_csrf(request: Request, principal: Principal) -> None:
         raise forbidden("cross-site request refused (CSRF protection)")
     origin = request.headers.get("origin")
     if origin is not None and origin != "null":
-        own = urlsplit(str(request.base_url))
-        theirs = urlsplit(origin)
-        forwarded_host = request.headers.get("x-forwarded-host")
-        hosts = {own.netloc, request.headers.get("host", "")}
-        if forwarded_host:
-            hosts.add(forwarded_host.split(",")[0].strip())
-        if theirs.netloc not in hosts:
+        if urlsplit(origin).netloc not in _own_hosts(request):
             raise forbidden(
                 f"request from origin {origin!r} refused (CSRF protection): changes are "
                 "accepted from the Airflow UI's own origin only"
@@ -148,6 +149,24 @@ def check_csrf(request: Request, principal: Principal) -> None:
             f"'{CSRF_HEADER}: {CSRF_VALUE}' (CSRF protection); API clients should use "
             "'Authorization: Bearer <token>'"
         )
+
+
+def _own_hosts(request: Request) -> set[str]:
+    """The hosts a change may come from: the one the request was sent to, the one of
+    Airflow's ``[api] base_url`` (where a proxy serves the UI), and a proxy's
+    ``X-Forwarded-Host`` only when ``[finalckpt] trust_forwarded_host`` says the proxy sets it
+    on every request: a client can send that header too (issue 37).
+    """
+    from airflow.configuration import conf
+
+    hosts = {urlsplit(str(request.base_url)).netloc, request.headers.get("host", "")}
+    base_url = conf.get("api", "base_url", fallback=None)
+    if base_url:
+        hosts.add(urlsplit(base_url).netloc)
+    forwarded = request.headers.get("x-forwarded-host")
+    if forwarded and conf.getboolean(SECTION, TRUST_FORWARDED_HOST, fallback=False):
+        hosts.add(forwarded.split(",")[0].strip())
+    return hosts - {""}
 
 
 def _team_name(dag_id: str) -> str | None:
