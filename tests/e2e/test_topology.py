@@ -1,0 +1,315 @@
+"""The topology tier: the branching example pipeline on a deployment shaped like the official
+Helm chart's CeleryExecutor one (tests/e2e/topology_cluster.py; docs/deploying.md), started
+once for the module, the faults run one after the other on it with small data (14 days).
+
+- api-server, scheduler, dag-processor, triggerer; a private Redis as the Celery broker; two
+  Celery workers ("pods" ``worker-a`` and ``worker-b``), each with its own AIRFLOW_HOME, HOME,
+  TMPDIR, Spark local directory and log folder; the only paths both see are the DAG folder
+  (read-only) and the ``finalckpt-data`` volume (a ReadWriteMany PVC: input, checkpoints,
+  Parquet tables); Spark runs ``local[*]`` inside the worker's task (no Spark cluster yet);
+- PostgreSQL: Airflow's metadata database, the coordination store and each DAG's SQL sink,
+  separate databases.
+
+Observed, not assumed, for every test: every sink equals the independent pandas reference,
+every transaction is COMMITTED (none PRECOMMITTED or aborted), each task instance's hostname
+is the pod that ran it (the REST API's ``hostname``), and the DAG run ends.
+
+Select alone with ``-m topology``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_finalckpt.coordination import Coordinator
+from airflow_finalckpt.examples.nycflights13.data import first_days
+from airflow_finalckpt.examples.nycflights13.reference import (
+    assert_carrier_daily_match,
+    assert_windows_match,
+    reference_carrier_daily,
+    reference_pipeline,
+)
+from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
+from airflow_finalckpt.store.engine import make_engine
+from airflow_finalckpt.store.migrate import ensure_schema
+
+from .airflow_cluster import _create_database, _drop_database, postgres_reachable
+from .conftest import _LIVE
+from .topology_cluster import WORKERS, TopologyCluster
+
+pytestmark = [pytest.mark.topology]
+
+DAG_FILE = Path(__file__).resolve().parent / "topology_dags" / "topology_branching.py"
+PLAIN_DAG = "topology_plain"
+SIGKILL_DAG = "topology_worker_sigkill"
+REDIS_DAG = "topology_redis_restart"
+WARM_DAG = "topology_warm_shutdown"
+TRIGGERER_DAG = "topology_triggerer"
+SAVEPOINT_DAG = "topology_savepoint"
+DRAIN_DAG = "topology_drain"
+RESUME_TRIGGER = "airflow_finalckpt.triggers.final_checkpoint.StageResumeTrigger"
+BRANCHES = ("delay_windows", "carrier_daily")
+FINAL_TRIGGER = "airflow_finalckpt.triggers.final_checkpoint.FinalCheckpointTrigger"
+DAG_IDS = (
+    PLAIN_DAG,
+    SIGKILL_DAG,
+    "topology_redis_restart",
+    "topology_warm_shutdown",
+    "topology_triggerer",
+    "topology_savepoint",
+    "topology_drain",
+)
+DAYS = 14
+UPSTREAM = ("ingest", "weather", "enrich")
+STAGES = (*UPSTREAM, "delay_windows", "carrier_daily", "publish")
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[TopologyCluster]:
+    ok, why = postgres_reachable()
+    if not ok:
+        if os.environ.get("FINALCKPT_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{why} but FINALCKPT_REQUIRE_POSTGRES=1", pytrace=False)
+        pytest.skip(why)
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server not found (Debian: apt-get install redis-server)")
+    suffix = uuid.uuid4().hex[:8]
+    store = f"finalckpt_topo_store_{suffix}"
+    store_url = _create_database(store)
+    engine = make_engine(store_url)
+    ensure_schema(engine)
+    engine.dispose()
+    sinks = {dag: f"finalckpt_topo_{suffix}_{dag}" for dag in DAG_IDS}
+    for name in sinks.values():
+        _create_database(name)
+    sink_template = store_url.rsplit("/", 1)[0] + f"/finalckpt_topo_{suffix}_{{dag}}"
+    for other in list(_LIVE):  # one cluster at a time (tests/e2e/conftest.py)
+        _LIVE.remove(other)
+        other.stop()
+    cluster = TopologyCluster(
+        [DAG_FILE],
+        extra_env={
+            "AIRFLOW__FINALCKPT__STORE_URL": store_url,
+            # keep every checkpoint's _metadata for the assertions
+            "AIRFLOW__FINALCKPT__RETAIN_CHECKPOINTS": "100",
+            # a killed attempt's lease outlasts its retry's start: the retry answers for it
+            "AIRFLOW__FINALCKPT__ATTEMPT_LEASE_S": "900",
+            "FINALCKPT_TOPOLOGY_DAYS": str(DAYS),
+            "FINALCKPT_TOPOLOGY_SINK_URL": sink_template,
+        },
+        expect_dags=DAG_IDS,
+        worker_concurrency=1,
+    )
+    # checkpoints on the shared volume (known only once the cluster's home exists)
+    cluster.extra_env["AIRFLOW__FINALCKPT__STORAGE_URI"] = str(cluster.data_dir / "checkpoints")
+    _LIVE.append(cluster)
+    started = time.monotonic()
+    cluster.start()
+    print(
+        f"\n[topology] up in {time.monotonic() - started:.1f}s at {cluster.base_url} "
+        f"(home {cluster.home}, redis :{cluster.redis_port})",
+        file=sys.stderr,
+    )
+    cluster.store_url = store_url  # type: ignore[attr-defined]
+    cluster.sink_template = sink_template  # type: ignore[attr-defined]
+    try:
+        yield cluster
+    finally:
+        if cluster in _LIVE:
+            _LIVE.remove(cluster)
+        cluster.stop()
+        for name in (store, *sinks.values()):
+            _drop_database(name)
+
+
+class Run:
+    """One DAG run of a topology DAG: its gates, its coordinator, its sinks."""
+
+    def __init__(self, cluster: TopologyCluster, dag_id: str) -> None:
+        self.cluster = cluster
+        self.dag_id = dag_id
+        self.gates = cluster.control_dir / dag_id
+        self.gates.mkdir(parents=True, exist_ok=True)
+        self.key = f"{dag_id}-{uuid.uuid4().hex[:8]}"
+        self.store_url: str = cluster.store_url  # type: ignore[attr-defined]
+        self.engine = make_engine(self.store_url)
+        self.coord = Coordinator(self.engine, self.key)
+        self.run_id = ""
+
+    def hold(self, *gates: str) -> None:
+        for gate in gates:
+            (self.gates / gate).touch()
+
+    def release(self, *gates: str) -> None:
+        for gate in gates:
+            (self.gates / gate).unlink(missing_ok=True)
+
+    def held(self, gate: str) -> bool:
+        return (self.gates / f"{gate}.held").exists()
+
+    def trigger(self) -> str:
+        self.run_id = self.cluster.trigger_dag(self.dag_id, conf={"pipeline_key": self.key})
+        return self.run_id
+
+    def tis(self) -> dict[str, dict[str, Any]]:
+        rows = self.cluster.task_instances(self.dag_id, self.run_id)
+        return {ti["task_id"]: ti for ti in rows}
+
+    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 420) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            assert time.monotonic() < deadline, (
+                f"timed out after {timeout:.0f}s waiting for {what}\n{self.cluster.log_tails(40)}"
+            )
+            time.sleep(0.3)
+
+    def finished_splits(self, stage_id: str) -> frozenset[str]:
+        try:
+            return self.coord.stage(stage_id).progress.finished_splits
+        except Exception:  # pipeline or stage not registered yet
+            return frozenset()
+
+    def hostnames(self) -> dict[str, list[tuple[int, str]]]:
+        """Per stage task, (try number, hostname) of every try, from the REST API."""
+        return {
+            stage: [
+                (int(t["try_number"]), str(t["hostname"]))
+                for t in self.cluster.task_tries(self.dag_id, self.run_id, stage)
+            ]
+            for stage in STAGES
+        }
+
+    def assert_exactly_once(self) -> None:
+        txns = self.coord.transactions()
+        assert txns and {s for _t, s in txns} == {"COMMITTED"}, txns
+        ids = [(t.sink_id, t.txn_id) for t, _s in txns]
+        assert len(ids) == len(set(ids)), ids
+        out = self.cluster.data_dir / self.dag_id / "output"
+        days = first_days(DAYS)
+        windows = reference_pipeline(days).windows
+        assert_windows_match(
+            ParquetTableSink("delay_windows_parquet", f"{out}/delay_windows").read_pandas(),
+            windows,
+        )
+        sink_url = self.cluster.sink_template.replace(  # type: ignore[attr-defined]
+            "{dag}", self.dag_id
+        )
+        assert_windows_match(
+            SqlTableSink("delay_windows_sql", sink_url, "delay_windows").read_pandas(), windows
+        )
+        assert_carrier_daily_match(
+            ParquetTableSink("carrier_daily_parquet", f"{out}/carrier_daily").read_pandas(),
+            reference_carrier_daily(days),
+        )
+
+    def close(self) -> None:
+        self.release(*[p.name for p in self.gates.iterdir() if not p.name.endswith(".held")])
+        self.engine.dispose()
+
+
+@pytest.fixture
+def run_factory(topology: TopologyCluster) -> Iterator[Callable[[str], Run]]:
+    made: list[Run] = []
+
+    def make(dag_id: str) -> Run:
+        made.append(Run(topology, dag_id))
+        return made[-1]
+
+    yield make
+    for run in made:  # a failed test must not leave a task holding a gate
+        run.close()
+    for name in topology.worker_names:  # the next test starts with both pods up
+        if not topology.worker_alive(name):
+            topology.start_worker(name)
+
+
+def test_one_run_takes_stages_on_both_workers(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    r = run_factory(PLAIN_DAG)
+    r.trigger()
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=900)
+    assert state == "success", topology.log_tails(60)
+    hosts = r.hostnames()
+    print(f"\n[topology] {r.dag_id} hostnames per stage: {hosts}", file=sys.stderr)
+    for stage, tries in hosts.items():
+        assert [n for n, _h in tries] == [1], (stage, tries)  # nothing retried
+        assert tries[0][1] in WORKERS, (stage, tries)
+    assert {h for tries in hosts.values() for _n, h in tries} == set(WORKERS), hosts
+    # each task log is on the pod that ran it (its own log folder; a stage that deferred may
+    # resume on the other pod, which then holds that part of the log and is its hostname)
+    for name in WORKERS:
+        logged = {
+            p.parent.name.removeprefix("task_id=")
+            for p in topology.worker_logs_dir(name).rglob("attempt=1.log")
+            if f"run_id={r.run_id}" in str(p)
+        }
+        ran = {stage for stage, tries in hosts.items() if tries[0][1] == name}
+        assert ran <= logged, (name, ran, logged)
+    r.assert_exactly_once()
+
+
+def test_sigkill_of_a_worker_pod_retries_on_the_other_and_resumes(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    r = run_factory(SIGKILL_DAG)
+    r.hold("delay_windows-t1-2")  # the first try holds its second (last) batch
+    r.trigger()
+    r.wait(lambda: r.held("delay_windows-t1-2"), "delay_windows inside its second batch", 900)
+    done_at_kill = set(r.finished_splits("delay_windows"))
+    assert len(done_at_kill) == 1, done_at_kill
+    epoch_at_kill = r.coord.stage("delay_windows").epoch
+    ti = r.tis()["delay_windows"]
+    assert ti["state"] == "running" and ti["try_number"] == 1, ti
+    victim = ti["hostname"]
+    assert victim in WORKERS, ti
+    survivor = next(w for w in WORKERS if w != victim)
+    before = {s: r.cluster.task_tries(r.dag_id, r.run_id, s) for s in UPSTREAM}
+    assert all([t["state"] for t in v] == ["success"] for v in before.values()), before
+
+    killed = topology.kill_worker_tree(victim)
+    assert len(killed) >= 3, killed  # worker, pool process, task processes (+ Spark JVM)
+    r.release("delay_windows-t1-2")
+    # the scheduler fails the orphaned try by heartbeat timeout; the retry can only land on
+    # the surviving pod while the victim is down
+    retry = topology.wait_for_task(
+        r.dag_id,
+        r.run_id,
+        "delay_windows",
+        ("running", "deferred", "success"),
+        try_number=2,
+        timeout=300,
+    )
+    assert retry["hostname"] == survivor, retry
+    topology.start_worker(victim)
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=600)
+    assert state == "success", topology.log_tails(60)
+
+    tries = topology.task_tries(r.dag_id, r.run_id, "delay_windows")
+    assert [(t["try_number"], t["hostname"]) for t in tries] == [(1, victim), (2, survivor)]
+    # the retry resumed: only the split the killed try had not finished
+    manifest = topology.xcom(r.dag_id, r.run_id, "enrich", key="end_of_data")["manifest"]
+    stage_run = topology.xcom(r.dag_id, r.run_id, "delay_windows", key="stage_run")
+    assert stage_run["epoch"] == epoch_at_kill + 1, stage_run
+    assert set(stage_run["processed_splits"]) == set(manifest) - done_at_kill, stage_run
+    # stages finished before the fault ran no Spark again: one try each, the same as before
+    for stage in UPSTREAM:
+        after = topology.task_tries(r.dag_id, r.run_id, stage)
+        assert [(t["try_number"], t["hostname"]) for t in after] == [
+            (t["try_number"], t["hostname"]) for t in before[stage]
+        ], stage
+    views = r.coord.stages()
+    assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
+    r.assert_exactly_once()
