@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -310,6 +311,155 @@ def test_sigkill_of_a_worker_pod_retries_on_the_other_and_resumes(
         assert [(t["try_number"], t["hostname"]) for t in after] == [
             (t["try_number"], t["hostname"]) for t in before[stage]
         ], stage
+    views = r.coord.stages()
+    assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
+    r.assert_exactly_once()
+
+
+def test_redis_restart_while_a_task_is_queued_loses_no_run(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    """The broker restarted empty while a source task is queued on it (no worker free): the
+    message is lost; the scheduler finds the task stuck in queued, requeues it, and it runs
+    once; no stage commits twice and the sinks equal the reference."""
+    r = run_factory(REDIS_DAG)
+    # one pod only: its single slot holds one source inside its first batch, the other source
+    # waits in the broker's queue
+    standby = WORKERS[1]
+    topology.signal_worker(standby, signal.SIGTERM)
+    topology.wait_worker_exit(standby, timeout=120)
+    r.hold("ingest-t1-1", "weather-t1-1")
+    r.trigger()
+
+    def one_held_one_queued() -> tuple[str, str] | None:
+        tis = r.tis()
+        for running, queued in (("ingest", "weather"), ("weather", "ingest")):
+            if r.held(f"{running}-t1-1") and tis[queued]["state"] == "queued":
+                return running, queued
+        return None
+
+    running, queued = r.wait(one_held_one_queued, "one source held, the other queued", 600)
+    lost_at = time.time()
+    topology.restart_redis()
+    topology.start_worker(standby)
+    r.release("ingest-t1-1", "weather-t1-1")
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=900)
+    assert state == "success", topology.log_tails(60)
+    # the lost task was requeued by the scheduler (its event log says so) and ran once
+    events = topology.api(
+        "GET",
+        "/api/v2/eventLogs",
+        params={"dag_id": r.dag_id, "task_id": queued, "event": "stuck in queued reschedule"},
+    )["event_logs"]
+    assert events, f"{queued} was not requeued as stuck in queued"
+    assert all(_epoch(e["when"]) >= lost_at for e in events), events
+    # every stage ran in exactly one try that did run (none failed, none ran twice)
+    for stage in STAGES:
+        tries = topology.task_tries(r.dag_id, r.run_id, stage)
+        ran = [t for t in tries if t.get("start_date")]
+        assert [t["state"] for t in ran] == ["success"], (stage, tries)
+    for stage in STAGES:
+        assert len(r.coord.stage(stage).progress.finished_splits) > 0, stage
+    r.assert_exactly_once()
+    assert running != queued
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _carrier_deferred_while_windows_holds(r: Run) -> dict[str, dict[str, Any]]:
+    """carrier_daily finished and DEFERRED on its final checkpoint (which waits for
+    delay_windows' acknowledgement) while delay_windows holds its second batch; returns the
+    task instances of that moment."""
+    r.hold("delay_windows-t1-2", "carrier_daily-t1-2")
+    r.trigger()
+    r.wait(lambda: r.held("delay_windows-t1-2"), "delay_windows inside its second batch", 900)
+    r.wait(lambda: r.held("carrier_daily-t1-2"), "carrier_daily inside its second batch")
+    r.release("carrier_daily-t1-2")
+
+    def deferred() -> dict[str, dict[str, Any]] | None:
+        tis = r.tis()
+        carrier, windows = tis["carrier_daily"], tis["delay_windows"]
+        trigger = carrier.get("trigger") or {}
+        if carrier["state"] == "deferred" and windows["state"] == "running" and trigger:
+            return tis
+        return None
+
+    tis = r.wait(deferred, "carrier_daily deferred while delay_windows runs")
+    assert tis["carrier_daily"]["trigger"]["classpath"] == FINAL_TRIGGER, tis["carrier_daily"]
+    assert r.coord.stage("carrier_daily").lifecycle.value == "FINISHED"
+    return tis
+
+
+def test_warm_shutdown_of_the_worker_whose_stage_is_deferred(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    """SIGTERM (Celery's warm shutdown) of the pod that ran carrier_daily while carrier_daily
+    waits deferred on the triggerer: the pod exits at once (no task of it runs), the trigger
+    fires once delay_windows acknowledges, and carrier_daily resumes in the same try on the
+    other pod, commits once; every sink equals the reference."""
+    r = run_factory(WARM_DAG)
+    tis = _carrier_deferred_while_windows_holds(r)
+    carrier_try = tis["carrier_daily"]["try_number"]
+    ran_on = tis["carrier_daily"]["hostname"]
+    windows_on = tis["delay_windows"]["hostname"]
+    assert {ran_on, windows_on} == set(WORKERS), tis  # one slot per pod: one each
+    topology.signal_worker(ran_on, signal.SIGTERM)
+    topology.wait_worker_exit(ran_on, timeout=120)
+    still = topology.task_instance(r.dag_id, r.run_id, "carrier_daily")
+    assert (still["state"], still["try_number"]) == ("deferred", carrier_try), still
+    r.release("delay_windows-t1-2")
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=900)
+    assert state == "success", topology.log_tails(60)
+    tries = topology.task_tries(r.dag_id, r.run_id, "carrier_daily")
+    assert [(t["try_number"], t["state"]) for t in tries] == [(carrier_try, "success")], tries
+    # it resumed on the pod still up (a deferred task resumes through the executor)
+    assert tries[0]["hostname"] == windows_on, tries
+    views = r.coord.stages()
+    assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
+    r.assert_exactly_once()
+
+
+def test_triggerer_sigkill_while_a_stage_waits_for_its_final_checkpoint(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    """SIGKILL of the triggerer (its whole tree) while carrier_daily waits deferred on it: a
+    new triggerer takes the trigger over, carrier_daily resumes in the same try once
+    delay_windows acknowledges, closes once; every sink equals the reference."""
+    r = run_factory(TRIGGERER_DAG)
+    tis = _carrier_deferred_while_windows_holds(r)
+    carrier_try = tis["carrier_daily"]["try_number"]
+    old_job = int(
+        r.wait(
+            lambda: (r.tis()["carrier_daily"].get("trigger") or {}).get("triggerer_id"),
+            "carrier_daily's trigger assigned to the triggerer",
+        )
+    )
+    old_pid = topology.component_pid("triggerer")
+    killed_at = time.time()
+    topology.kill("triggerer")
+    topology.start_component("triggerer")
+    topology.wait_healthy(components=["triggerer"], since=killed_at, timeout=180)
+    assert topology.component_pid("triggerer") not in (None, old_pid)
+    still = topology.task_instance(r.dag_id, r.run_id, "carrier_daily")
+    assert (still["state"], still["try_number"]) == ("deferred", carrier_try), still
+    assert r.coord.stage("carrier_daily").lifecycle.value == "FINISHED"
+    r.release("delay_windows-t1-2")
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=900)
+    assert state == "success", topology.log_tails(60)
+    tries = topology.task_tries(r.dag_id, r.run_id, "carrier_daily")
+    assert [(t["try_number"], t["state"]) for t in tries] == [(carrier_try, "success")], tries
+    # the event that resumed it was fired by the new triggerer's job, not the killed one's
+    logs = topology.logs_dir / f"dag_id={r.dag_id}" / f"run_id={r.run_id}" / "task_id=carrier_daily"
+    fired = {
+        int(p.name.rsplit(".", 2)[-2])
+        for p in logs.glob(f"attempt={carrier_try}.log.trigger.*.log")
+        if "Trigger fired event" in p.read_text(errors="replace")
+    }
+    assert fired and old_job not in fired, (old_job, fired)
     views = r.coord.stages()
     assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
     r.assert_exactly_once()
