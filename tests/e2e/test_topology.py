@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -462,4 +463,99 @@ def test_triggerer_sigkill_while_a_stage_waits_for_its_final_checkpoint(
     assert fired and old_job not in fired, (old_job, fired)
     views = r.coord.stages()
     assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
+    r.assert_exactly_once()
+
+
+def _stop(r: Run, mode: str) -> None:
+    """The pipeline page's stop button: its REST call, as a user who may edit DAG runs."""
+    path = f"/finalckpt/api/dags/{quote(r.dag_id, safe='')}/runs/{quote(r.run_id, safe='')}/stop"
+    resp = r.cluster.request("POST", path, json={"mode": mode}, user="user")
+    assert resp.status_code == 202, resp.text
+
+
+def _both_branches_inside_their_second_batch(r: Run) -> dict[str, dict[str, Any]]:
+    r.hold("delay_windows-t1-2", "carrier_daily-t1-2")
+    r.trigger()
+    r.wait(lambda: r.held("delay_windows-t1-2"), "delay_windows inside its second batch", 900)
+    r.wait(lambda: r.held("carrier_daily-t1-2"), "carrier_daily inside its second batch")
+    tis = r.tis()
+    for stage in BRANCHES:
+        assert tis[stage]["state"] == "running", tis[stage]
+        assert len(r.finished_splits(stage)) == 1, stage
+    return tis
+
+
+def test_stop_with_savepoint_then_resume_on_the_other_worker(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    """Stop with savepoint (REST) while both branches run; both suspend deferred; the pod that
+    ran delay_windows shuts down warm; the resume (REST) runs delay_windows on the other pod,
+    which processes only its split not in the savepoint; every sink equals the reference."""
+    r = run_factory(SAVEPOINT_DAG)
+    tis = _both_branches_inside_their_second_batch(r)
+    windows_on = tis["delay_windows"]["hostname"]
+    other = next(w for w in WORKERS if w != windows_on)
+    before = {s: topology.task_tries(r.dag_id, r.run_id, s) for s in UPSTREAM}
+    _stop(r, "savepoint")
+    r.release("delay_windows-t1-2", "carrier_daily-t1-2")
+    stop = r.wait(
+        lambda: (s := r.coord.stop_request()) is not None and s.state.value != "REQUESTED" and s,
+        "the savepoint",
+    )
+    assert stop.state.value == "COMPLETED", stop
+
+    def both_suspended() -> dict[str, dict[str, Any]] | None:
+        now = r.tis()
+        ok = all(
+            now[s]["state"] == "deferred"
+            and (now[s].get("trigger") or {}).get("classpath") == RESUME_TRIGGER
+            for s in BRANCHES
+        )
+        return now if ok else None
+
+    r.wait(both_suspended, "both branches deferred on StageResumeTrigger", 300)
+    done_at_savepoint = set(r.coord.stage("delay_windows").progress.finished_splits)
+    topology.signal_worker(windows_on, signal.SIGTERM)
+    topology.wait_worker_exit(windows_on, timeout=120)
+
+    api = f"/finalckpt/api/dags/{quote(r.dag_id, safe='')}/runs/{quote(r.run_id, safe='')}"
+    resumed = topology.request("POST", f"{api}/resume", json={}, user="user")
+    assert resumed.status_code in (200, 202), resumed.text
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=900)
+    assert state == "success", topology.log_tails(60)
+
+    windows = topology.task_tries(r.dag_id, r.run_id, "delay_windows")
+    assert [(t["state"], t["hostname"]) for t in windows] == [("success", other)], windows
+    manifest = topology.xcom(r.dag_id, r.run_id, "enrich", key="end_of_data")["manifest"]
+    stage_run = topology.xcom(r.dag_id, r.run_id, "delay_windows", key="stage_run")
+    assert set(stage_run["processed_splits"]) == set(manifest) - done_at_savepoint, stage_run
+    for stage in UPSTREAM:  # finished before the stop: no Spark again
+        after = topology.task_tries(r.dag_id, r.run_id, stage)
+        assert len(after) == len(before[stage]) == 1, (stage, after)
+    views = r.coord.stages()
+    assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
+    r.assert_exactly_once()
+
+
+def test_stop_with_drain_while_both_branches_run(
+    topology: TopologyCluster, run_factory: Callable[[str], Run]
+) -> None:
+    """Stop with drain (REST) while both branches run on the two pods: both finish drained,
+    the run succeeds, the drained savepoint has every stage FULLY_FINISHED, and every sink
+    equals the reference (the sources had read everything)."""
+    r = run_factory(DRAIN_DAG)
+    _both_branches_inside_their_second_batch(r)
+    _stop(r, "drain")
+    r.release("delay_windows-t1-2", "carrier_daily-t1-2")
+    state = topology.wait_for_run(r.dag_id, r.run_id, timeout=900)
+    assert state == "success", topology.log_tails(60)
+    stop = r.coord.stop_request()
+    assert stop is not None and stop.mode.value == "drain" and stop.state.value == "COMPLETED"
+    for stage in (*BRANCHES, "publish"):
+        eod = topology.xcom(r.dag_id, r.run_id, stage, key="end_of_data")
+        assert eod["drain"] is True, (stage, eod)
+    views = r.coord.stages()
+    assert all(v.lifecycle.value == "CLOSED" for v in views.values()), views
+    for stage in BRANCHES:
+        assert len(views[stage].progress.finished_splits) == 2, stage
     r.assert_exactly_once()
