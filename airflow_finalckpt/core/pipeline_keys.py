@@ -27,9 +27,15 @@ def _readable(text: str) -> str:
     return _UNSAFE.sub("-", text)
 
 
-def default_pipeline_key(dag_id: str, run_id: str) -> str:
-    """One pipeline run per DAG run: ``<dag>.<run, made safe>.<digest of the exact pair>``."""
-    readable = _readable(f"{dag_id}.{run_id}")[:READABLE_CHARS]
+def default_pipeline_key(dag_id: str, run_id: str, partition_key: str | None = None) -> str:
+    """One pipeline run per DAG run: ``<dag>.<run, made safe>.<digest of the exact pair>``.
+
+    A partitioned run's key names its partition too, ``<dag>.p=<partition key>.<run>.<digest>``
+    (``nyc.p=us-2026-03-10.scheduled__...``): an asset-triggered run's id says nothing of
+    it. The digest stays that of (dag, run): the DAG run alone picks the pipeline.
+    """
+    run = run_id if partition_key is None else f"p={partition_key}.{run_id}"
+    readable = _readable(f"{dag_id}.{run}")[:READABLE_CHARS]
     if not _SAFE_FIRST.match(readable):
         readable = "_" + readable[: READABLE_CHARS - 1]
     pair = json.dumps([dag_id, run_id], ensure_ascii=True).encode()

@@ -280,7 +280,7 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         if not key:  # a DAG run linked before the keys changed keeps its pipeline (docs)
             run_id = context["run_id"]
             key = pipeline_of_dag_run(self._hook().get_engine(), self.dag_id, run_id)
-            key = key or default_pipeline_key(self.dag_id, run_id)
+            key = key or default_pipeline_key(self.dag_id, run_id, context.get("partition_key"))
         return str(key)
 
     def _hook(self) -> FinalCkptHook:
