@@ -43,6 +43,7 @@ def test_a_day_partition_is_published_announced_and_consumed(
     suffix = uuid.uuid4().hex[:8]
     input_dir, output = tmp_path / "input", tmp_path / "output"
     prepare_inputs(input_dir, days=[DAY])
+    output.mkdir()
     asset = Asset(f"nycflights13_partitioned_{suffix}")
     kw = {"input_dir": str(input_dir), "output_dir": str(output), "prepare": False}
     source = (
@@ -77,7 +78,9 @@ def test_a_day_partition_is_published_announced_and_consumed(
         with partitioned(DAY.isoformat(), start):
             done = consumer.test(logical_date=start)
         assert str(done.state).endswith("success")
-        counts = ParquetTableSink("c", str(output / "parquet" / "carrier_day")).read_pandas()
+        counts = ParquetTableSink(
+            "c", str(output / "parquet" / "carrier_day"), replace_slice=DAY_SLICE
+        ).read_pandas()
         got_counts = {str(r.carrier): int(r.flights) for r in counts.itertuples()}
         assert got_counts == {str(k): int(v) for k, v in expected.groupby("carrier").size().items()}
         assert set(counts["event_date"]) == {DAY.isoformat()}

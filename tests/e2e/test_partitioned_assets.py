@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_finalckpt.sinks import ParquetTableSink
+from airflow_finalckpt.sinks import ParquetTableSink, partition_slice
 
 from .airflow_cluster import AirflowCluster
 
@@ -69,7 +69,9 @@ def _expected(work: Path, day: str) -> list[list[Any]]:
 
 
 def _committed(work: Path) -> dict[str, list[list[Any]]]:
-    frame = ParquetTableSink("rows", str(work / "rows")).read_pandas()
+    frame = ParquetTableSink(
+        "rows", str(work / "rows"), replace_slice=partition_slice("day")
+    ).read_pandas()
     out: dict[str, list[list[Any]]] = {}
     for rec in frame.itertuples():
         out.setdefault(str(rec.day), []).append([str(rec.item), int(rec.amount)])
