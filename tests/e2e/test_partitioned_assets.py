@@ -8,6 +8,9 @@ consumed exactly once (issue 41). DAGs: tests/e2e/partition_dags/partitioned_pip
    computation from the input files, once; exactly one partitioned Asset event per partition;
    the ``PartitionedAssetTimetable`` consumer ran exactly once per partition and read exactly
    that partition's committed rows (so it ran after the commit).
+   Meanwhile a ``PartitionedAtRuntime`` producer commits 24 hours of one day and 12 of the
+   next, naming them with ``ctx.add_partitions``: one event per committed hour, and the
+   rollup consumer (``StartOfDayMapper`` + ``DayWindow``) runs once, for the complete day.
 2. One partition's input changes and its stage task is cleared: the stage recomputes (rule
    ``clear-recomputes``) and replaces the partition's rows; one new event for that partition;
    the consumer runs once more, for that partition only, and reads the new rows.
@@ -33,6 +36,14 @@ pytestmark = pytest.mark.postgres
 DAGS = Path(__file__).resolve().parent / "partition_dags"
 PRODUCER = "finalckpt_e2e_part_producer"
 CONSUMER = "finalckpt_e2e_part_consumer"
+HOURLY = "finalckpt_e2e_hourly_producer"
+ROLLUP = "finalckpt_e2e_daily_rollup"
+#: 24 hours of the first day (two files), 12 of the second (incomplete: no rollup for it).
+HOURS = {
+    "d1-am.json": [[f"2026-03-01T{h:02d}:00:00", h] for h in range(12)],
+    "d1-pm.json": [[f"2026-03-01T{h:02d}:00:00", h] for h in range(12, 24)],
+    "d2-am.json": [[f"2026-03-02T{h:02d}:00:00", h] for h in range(12)],
+}
 DAYS = ["2026-03-01", "2026-03-02", "2026-03-03"]
 HELD = DAYS[1]
 #: Hang guards on 2 busy cores, not timing assertions.
@@ -85,16 +96,18 @@ def _runs(cluster: AirflowCluster, dag_id: str) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: (r["run_after"], r["dag_run_id"]))
 
 
-def _events(cluster: AirflowCluster) -> list[dict[str, Any]]:
+def _events(cluster: AirflowCluster, source: str = PRODUCER) -> list[dict[str, Any]]:
     return cluster.api(
         "GET",
         "/api/v2/assets/events",
-        params={"source_dag_id": PRODUCER, "limit": 100, "order_by": "timestamp"},
+        params={"source_dag_id": source, "limit": 100, "order_by": "timestamp"},
     )["asset_events"]
 
 
-def _finished_consumers(cluster: AirflowCluster, count: int) -> list[dict[str, Any]] | None:
-    runs = _runs(cluster, CONSUMER)
+def _finished_consumers(
+    cluster: AirflowCluster, count: int, dag_id: str = CONSUMER
+) -> list[dict[str, Any]] | None:
+    runs = _runs(cluster, dag_id)
     done = [r for r in runs if r["state"] in ("success", "failed")]
     return runs if len(runs) >= count and len(done) == len(runs) else None
 
@@ -114,6 +127,9 @@ def test_each_partition_is_committed_announced_and_consumed_once(
     for n, day in enumerate(DAYS):
         _write_input(work, day, {"a.json": [[f"a{n}", n]], "b.json": [[f"b{n}", 10 + n]]})
     (work / "hold").write_text(HELD)
+    (work / "hourly").mkdir()
+    for name, rows in HOURS.items():
+        (work / "hourly" / name).write_text(json.dumps(rows))
     cluster = airflow_cluster(
         [DAGS],
         extra_env={
@@ -121,9 +137,11 @@ def test_each_partition_is_committed_announced_and_consumed_once(
             "AIRFLOW__FINALCKPT__STORAGE_URI": str(work / "checkpoints"),
             "FINALCKPT_E2E_WORK": str(work),
         },
-        expect_dags=[PRODUCER, CONSUMER],
+        expect_dags=[PRODUCER, CONSUMER, HOURLY, ROLLUP],
     )
     cluster.unpause(CONSUMER)
+    cluster.unpause(ROLLUP)
+    cluster.unpause(HOURLY)
     cluster.unpause(PRODUCER)  # its range ended: only the backfill creates runs
 
     # 1. a backfill over three partitions, one of them killed mid-run and retried
@@ -139,6 +157,7 @@ def test_each_partition_is_committed_announced_and_consumed_once(
         "--max-active-runs",
         "3",
     )
+    hourly_run = cluster.trigger_dag(HOURLY)
     _wait(lambda: (work / "held").exists(), "the held partition's second batch", cluster, TIMEOUT_S)
     by_key = {r["partition_key"]: r for r in _runs(cluster, PRODUCER)}
     held_run = by_key[HELD]["dag_run_id"]
@@ -172,6 +191,19 @@ def test_each_partition_is_committed_announced_and_consumed_once(
         assert got["partition_key"] == run["partition_key"]
         assert got["rows"] == expected[run["partition_key"]]
         assert [e["partition_key"] for e in got["events"]] == [run["partition_key"]]
+
+    # the hourly partitions named at run time: one event per committed hour, one rollup run
+    # for the complete day, none for the day with 12 hours
+    state = cluster.wait_for_run(HOURLY, hourly_run, timeout=TIMEOUT_S)
+    assert state == "success", cluster.log_tails(60)
+    hours = sorted(hour for rows in HOURS.values() for hour, _ in rows)
+    assert sorted(e["partition_key"] for e in _events(cluster, HOURLY)) == hours
+    _wait(lambda: _finished_consumers(cluster, 1, ROLLUP), "the rollup run", cluster, TIMEOUT_S)
+    time.sleep(QUIET_S)
+    [rolled] = _runs(cluster, ROLLUP)
+    assert (rolled["state"], rolled["partition_key"]) == ("success", "2026-03-01")
+    got = json.loads((work / "rolled" / f"{rolled['dag_run_id']}.json").read_text())
+    assert got["hours"] == [h for h in hours if h.startswith("2026-03-01")]
 
     # 2. a partition's input changes; a clear of its stage recomputes and replaces it
     changed = DAYS[0]

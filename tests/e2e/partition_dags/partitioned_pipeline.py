@@ -10,6 +10,10 @@ tests/e2e/test_partitioned_assets.py.
 - ``finalckpt_e2e_part_consumer``: ``PartitionedAssetTimetable`` (identity mapper); its task
   reads the committed rows of its partition and writes them, with the events that triggered
   it, to ``<work>/consumed/<run id>.json``.
+- ``finalckpt_e2e_hourly_producer`` (``PartitionedAtRuntime``): one stage commits the hourly
+  rows of ``<work>/hourly/*.json`` and names their hours with ``ctx.add_partitions``; each
+  committed hour gets one event. ``finalckpt_e2e_daily_rollup``: ``RollupMapper``
+  (``StartOfDayMapper`` + ``DayWindow``, ``WaitForAll``): one run per complete day.
 """
 
 from __future__ import annotations
@@ -21,7 +25,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Asset, CronPartitionTimetable, PartitionedAssetTimetable, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    CronPartitionTimetable,
+    DayWindow,
+    PartitionedAssetTimetable,
+    PartitionedAtRuntime,
+    RollupMapper,
+    StartOfDayMapper,
+    WaitForAll,
+    task,
+)
 
 from airflow_finalckpt.operators.stage import FinalCheckpointStageOperator
 from airflow_finalckpt.sinks import ParquetTableSink, partition_slice
@@ -116,3 +131,70 @@ with DAG(
         )
 
     consume()
+
+
+#: Hourly partitions named at run time (``PartitionedAtRuntime``): one run of this producer
+#: commits the hours its input lists and announces each committed hour once; the rollup
+#: consumer runs once per complete day (24 hourly partitions of it).
+HOURLY_ASSET = Asset("finalckpt_e2e_hourly_rows")
+HOURLY = "finalckpt_e2e_hourly_producer"
+ROLLUP = "finalckpt_e2e_daily_rollup"
+
+
+def hourly_splits() -> list[str]:
+    folder = WORK / "hourly"
+    return sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
+
+
+def read_hours(ctx: Any) -> Any:
+    rows = [
+        (str(hour), int(amount))
+        for name in ctx.splits
+        for hour, amount in json.loads((WORK / "hourly" / name).read_text())
+    ]
+    ctx.add_partitions(sorted({hour for hour, _ in rows}))
+    return ctx.spark.createDataFrame(rows, "hour string, amount long")
+
+
+with DAG(
+    HOURLY, schedule=PartitionedAtRuntime(), start_date=datetime(2026, 3, 1), catchup=False
+) as hourly:
+    FinalCheckpointStageOperator(
+        task_id="land",
+        transform=read_hours,
+        splits=hourly_splits,
+        batch_size=1,
+        commit_mode="final",
+        outlets=[HOURLY_ASSET],
+        sinks=[ParquetTableSink("hours", str(WORK / "hours"))],
+        spark_conf=SPARK_CONF,
+        retries=1,
+    )
+
+
+with DAG(
+    ROLLUP,
+    schedule=PartitionedAssetTimetable(
+        assets=HOURLY_ASSET,
+        default_partition_mapper=RollupMapper(
+            upstream_mapper=StartOfDayMapper(), window=DayWindow(), wait_policy=WaitForAll()
+        ),
+    ),
+    start_date=datetime(2026, 3, 1),
+    catchup=False,
+) as rollup:
+
+    @task
+    def roll_up(**context: Any) -> None:
+        keys = sorted(
+            str(event.partition_key)
+            for events in context["triggering_asset_events"].values()
+            for event in events
+        )
+        out = WORK / "rolled"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{context['run_id']}.json").write_text(
+            json.dumps({"partition_key": context["partition_key"], "hours": keys})
+        )
+
+    roll_up()
