@@ -108,10 +108,14 @@ def output_dataset(sink: TwoPhaseCommitSink, rows: int | None) -> Any:
 
 
 def committed_rows(transactions: list[tuple[Any, str]]) -> dict[str, int]:
-    """Rows per sink of a stage's committed transactions (from their pre-commit payload)."""
+    """Rows per sink of a stage's committed transactions (from their pre-commit payload), not
+    counting those a recompute superseded.
+    """
+    from airflow_finalckpt.core.partitions import counts
+
     rows: dict[str, int] = {}
     for txn, state in transactions:
-        if state == "COMMITTED":
+        if counts(txn, state):
             rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
     return rows
 

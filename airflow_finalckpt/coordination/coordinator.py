@@ -500,6 +500,7 @@ class Coordinator(CoordinatorReads):
                     tx.rows.set_transaction_state(
                         stage_id, txn.sink_id, txn.txn_id, TransactionState.ABORTED, now
                     )
+                tx.rows.supersede_committed(stage_id, now)
                 tx.rows.update_stage(stage_id, stage_rules.reset(row), now)
                 tx.rows.forget_published(stage_id)
             return {sid: tx.rows.stage_row(sid).view() for sid in rows}

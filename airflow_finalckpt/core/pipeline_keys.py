@@ -45,14 +45,21 @@ class KeyOrigin(StrEnum):
     DEFAULT = "default"
 
 
-def default_pipeline_key(dag_id: str, run_id: str, generation: int = 1) -> str:
+def default_pipeline_key(
+    dag_id: str, run_id: str, generation: int = 1, partition_key: str | None = None
+) -> str:
     """One pipeline run per DAG run: ``<dag>.<run, made safe>.<digest of the exact pair>``;
     generation 2 and later (a re-created DAG run): ``<dag>.<run>-g<n>.<digest with n>``.
+
+    A partitioned run's key names its partition too, ``<dag>.p=<partition key>.<run>.<digest>``
+    (``nyc.p=us-2026-03-10.scheduled__...``): an asset-triggered run's id says nothing of
+    it. The digest stays that of (dag, run[, generation]): the DAG run alone picks the pipeline.
     """
     if generation < 1:
         raise ValueError(f"a pipeline key generation starts at 1, got {generation}")
     suffix = "" if generation == 1 else f"-g{generation}"
-    readable = _readable(f"{dag_id}.{run_id}")[: READABLE_CHARS - len(suffix)]
+    run = run_id if partition_key is None else f"p={partition_key}.{run_id}"
+    readable = _readable(f"{dag_id}.{run}")[: READABLE_CHARS - len(suffix)]
     if not _SAFE_FIRST.match(readable):
         readable = "_" + readable[: READABLE_CHARS - len(suffix) - 1]
     readable += suffix

@@ -1,7 +1,7 @@
 """Which Airflow run a stage works for, as plain JSON values: its logical date, data interval,
-params, run id and conf. The Airflow task captures them from its context; they travel in a
-submitted driver's job spec, so a stage sees the same values wherever Spark runs, and nothing on
-the Spark side imports Airflow.
+partition key and date (a partitioned run, AIP-76), params, run id and conf. The Airflow task
+captures them from its context; they travel in a submitted driver's job spec, so a stage sees
+the same values wherever Spark runs, and nothing on the Spark side imports Airflow.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class RunContext:
     logical_date_iso: str | None = None
     data_interval_start_iso: str | None = None
     data_interval_end_iso: str | None = None
+    #: A partitioned DAG run's partition key (``CronPartitionTimetable``, an asset-triggered
+    #: run of a ``PartitionedAssetTimetable``, a run triggered with one); None otherwise.
+    partition_key: str | None = None
+    partition_date_iso: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     conf: Mapping[str, Any] = field(default_factory=dict)
 
@@ -51,6 +55,8 @@ class RunContext:
         logical_date: Any = None,
         data_interval_start: Any = None,
         data_interval_end: Any = None,
+        partition_key: str | None = None,
+        partition_date: Any = None,
         params: Mapping[str, Any] | None = None,
         conf: Mapping[str, Any] | None = None,
     ) -> RunContext:
@@ -63,6 +69,8 @@ class RunContext:
                 None if data_interval_start is None else _iso(data_interval_start)
             ),
             data_interval_end_iso=None if data_interval_end is None else _iso(data_interval_end),
+            partition_key=None if partition_key is None else str(partition_key),
+            partition_date_iso=None if partition_date is None else _iso(partition_date),
             params=_plain(dict(params or {})),
             conf=_plain(dict(conf or {})),
         )
@@ -81,6 +89,20 @@ class RunContext:
     def data_interval_end(self) -> datetime | None:
         """End of the run's data interval (exclusive)."""
         return _instant(self.data_interval_end_iso)
+
+    @property
+    def partition_date(self) -> datetime | None:
+        """The partition's date where Airflow gives one (a ``CronPartitionTimetable`` run, a
+        temporal mapper's downstream run); None for a run without a partition or a key that
+        is no date (``us``, ``us|2026-03-10``).
+        """
+        return _instant(self.partition_date_iso)
+
+    def partition_parts(self, separator: str = "|") -> list[str]:
+        """The partition key split at ``separator`` (``us|2026-03-10`` -> ``["us",
+        "2026-03-10"]``, the composite keys of ``ProductMapper``); [] without a key.
+        """
+        return [] if self.partition_key is None else self.partition_key.split(separator)
 
     @property
     def ds(self) -> str | None:

@@ -13,6 +13,7 @@ from airflow.sdk import Asset
 
 from airflow_finalckpt.core.errors import FinalCheckpointError, StageDefinitionError
 from airflow_finalckpt.core.model import EndOfData
+from airflow_finalckpt.core.partitions import committed_partitions, counts
 from airflow_finalckpt.core.ports import CoordinatorPort
 
 END_OF_DATA_KEY = "end_of_data"
@@ -59,14 +60,17 @@ def upstream_manifests(
     return manifests
 
 
-def commit_extra(coordinator: CoordinatorPort, stage_id: str) -> dict[str, Any]:
+def commit_extra(
+    coordinator: CoordinatorPort, stage_id: str, transactions: Sequence[tuple[Any, str]]
+) -> dict[str, Any]:
     """The extra of a closed stage's Asset events: the pipeline, the checkpoint the stage
-    closed on and the rows its committed transactions wrote (per sink and in all).
+    closed on and the rows its committed transactions wrote (per sink and in all; those of a
+    commit a recompute superseded do not count).
     """
     view = coordinator.stage(stage_id)
     rows: dict[str, int] = {}
-    for txn, state in coordinator.transactions(stage_id):
-        if state == "COMMITTED":
+    for txn, state in transactions:
+        if counts(txn, state):
             rows[txn.sink_id] = rows.get(txn.sink_id, 0) + int(txn.payload.get("rows") or 0)
     return {
         "pipeline_key": coordinator.pipeline_key,
@@ -90,6 +94,10 @@ def announce_commit(
     attempt that made it visible, never by a re-published end_of_data (a CLOSED stage in a
     continuation run would make Asset-scheduled DAGs run again on no new data). The event
     extra names the pipeline, the checkpoint the stage closed on and the rows committed.
+
+    Partitions: in a partitioned DAG run Airflow gives the event the run's ``partition_key``.
+    A stage that reported keys at run time (``ctx.add_partitions``) gets one event per key its
+    committed transactions carry, none for the keys of aborted ones.
     Returns True when the task's outlets must be emptied (a re-publication: Airflow emits the
     events of ``ti.task.outlets`` at success).
     """
@@ -105,10 +113,19 @@ def announce_commit(
         return True
     if coordinator is None:
         return False
-    extra = commit_extra(coordinator, stage_id)
+    transactions = coordinator.transactions(stage_id)
+    extra = commit_extra(coordinator, stage_id, transactions)
+    keys = committed_partitions(transactions)
+    if keys:
+        extra["partition_keys"] = keys
     for outlet in outlets:
         if isinstance(outlet, Asset):
-            context["outlet_events"][outlet].extra.update(extra)
+            events = context["outlet_events"][outlet]
+            events.extra.update(extra)
+            if keys:
+                events.add_partitions(keys)
+    if keys:
+        log.info("stage %s committed partitions %s: one Asset event each", stage_id, keys)
     return False
 
 

@@ -75,8 +75,12 @@ def resolve_key(
     for key, origin in explicit:
         if key:
             return ResolvedKey(str(key), origin, instance, moved_link(link, str(key), instance))
+    partition = context.get("partition_key")
+    partition_key = None if partition is None else str(partition)
     choice = choose_default_key(
-        link, instance, lambda generation: default_pipeline_key(dag_id, run_id, generation)
+        link,
+        instance,
+        lambda generation: default_pipeline_key(dag_id, run_id, generation, partition_key),
     )
     return ResolvedKey(choice.pipeline_key, KeyOrigin.DEFAULT, instance, choice)
 

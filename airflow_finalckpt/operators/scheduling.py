@@ -25,15 +25,21 @@ SplitsArg = ListedSplits | IncrementalSource
 
 
 def run_context_of(context: Mapping[str, Any]) -> RunContext:
-    """The run's logical date, data interval, params, run id and conf from the task context."""
+    """The run's logical date, data interval, partition key and date, params, run id and conf
+    from the task context (the DAG run's when the context has none).
+    """
     dag_run = context.get("dag_run")
     dag = context.get("dag")
+    partition_key = context.get("partition_key", getattr(dag_run, "partition_key", None))
+    partition_date = context.get("partition_date", getattr(dag_run, "partition_date", None))
     return RunContext.of(
         dag_id=getattr(dag, "dag_id", None),
         run_id=context.get("run_id"),
         logical_date=context.get("logical_date"),
         data_interval_start=context.get("data_interval_start"),
         data_interval_end=context.get("data_interval_end"),
+        partition_key=partition_key,
+        partition_date=partition_date,
         params=dict(context.get("params") or {}),
         conf=dict(getattr(dag_run, "conf", None) or {}),
     )

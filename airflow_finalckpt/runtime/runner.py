@@ -36,6 +36,7 @@ from airflow_finalckpt.core.model import (
     TriggerReason,
     output_parts,
 )
+from airflow_finalckpt.core.partitions import with_partitions
 from airflow_finalckpt.core.ports import CoordinatorPort
 from airflow_finalckpt.core.split_list import (
     check_finished_split_list,
@@ -313,7 +314,7 @@ class StageRunner:
         if out.state is not None:
             state = list(out.state)
         self.fault("before-record-batch")
-        txns = self._precommit(batch.key)
+        txns = with_partitions(self._precommit(batch.key), out.partition_keys)
         try:
             outcome = self.coordinator.record_batch(
                 self.spec.stage_id,
@@ -459,7 +460,7 @@ class StageRunner:
             ]
         if out.state is not None:
             state = list(out.state)
-        txns = self._precommit(key)
+        txns = with_partitions(self._precommit(key), out.partition_keys)
         self.fault("before-finish")
         manifest = [part for h in outputs for part in output_parts(h)]
         try:

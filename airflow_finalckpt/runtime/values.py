@@ -89,11 +89,14 @@ class Batch:
 
 @dataclass(frozen=True)
 class BatchOutput:
-    """What a batch (or the finish) produced: output parts, new state, watermark."""
+    """What a batch (or the finish) produced: output parts, new state, watermark, and the
+    partition keys its transform reported (they ride on the batch's sink transactions).
+    """
 
     parts: tuple[str, ...] = ()
     state: tuple[StateHandle, ...] | None = None
     watermark: int | None = None
+    partition_keys: tuple[str, ...] = ()
 
 
 class Log(Protocol):

@@ -8,6 +8,7 @@ from airflow_finalckpt.sinks.base import (
     SinkError,
     SinkTransactionError,
     TwoPhaseCommitSink,
+    partition_slice,
     validate_identifier,
 )
 from airflow_finalckpt.sinks.delta import DeltaTableSink
@@ -27,5 +28,6 @@ __all__ = [
     "SinkTransactionError",
     "SqlTableSink",
     "TwoPhaseCommitSink",
+    "partition_slice",
     "validate_identifier",
 ]

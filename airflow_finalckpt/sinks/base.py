@@ -96,6 +96,23 @@ def check_slice(sink_id: str, replace_slice: Mapping[str, Any] | None) -> dict[s
     return dict(replace_slice)
 
 
+def partition_slice(*columns: str, separator: str = "|") -> dict[str, str]:
+    """``replace_slice`` owning a partitioned run's partition: one column per part of its key,
+    as templates Airflow renders per run: ``partition_slice("day")`` owns the whole key,
+    ``partition_slice("region", "day")`` takes ``us|2026-03-10`` apart.
+    A key with fewer parts (or a run without one) fails the render; with more, the last
+    column gets the rest (``2026-03-10|x``), so the stage's rows lie outside the slice and are
+    refused before anything is staged.
+    """
+    if not columns:
+        raise SinkError("partition_slice needs at least one column")
+    last = len(columns) - 1
+    return {
+        column: f"{{{{ partition_key.split({separator!r}, {last})[{index}] }}}}"
+        for index, column in enumerate(columns)
+    }
+
+
 def rows_outside_slice(df: pyspark.sql.DataFrame, replace_slice: Mapping[str, Any]) -> int:
     """How many rows of ``df`` (at most 1: it stops at the first) lie outside the slice: such
     a row would survive the next rerun's replace and be doubled.

@@ -20,8 +20,13 @@ from typing import Any, TypeVar, cast
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from airflow_finalckpt.core.errors import FinalCheckpointError, StorageError
+from airflow_finalckpt.core.errors import (
+    FinalCheckpointError,
+    StageDefinitionError,
+    StorageError,
+)
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
+from airflow_finalckpt.core.partitions import check_partition_keys
 from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan
 from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.core.split_bytes import SplitBytes, declared_bytes
@@ -93,6 +98,24 @@ class BatchContext:
     def ds(self) -> str | None:
         """The logical date as ``YYYY-MM-DD`` (Airflow's ``{{ ds }}``)."""
         return self.run.ds
+
+    @property
+    def partition_key(self) -> str | None:
+        """A partitioned DAG run's partition key (None for a run without one)."""
+        return self.run.partition_key
+
+    @property
+    def partition_date(self) -> datetime | None:
+        """The partition's date, where Airflow gives one (a ``CronPartitionTimetable`` run)."""
+        return self.run.partition_date
+
+    def add_partitions(self, keys: str | Sequence[str]) -> None:
+        """Name the partitions this batch's rows belong to (``PartitionedAtRuntime``: e.g.
+        the days the batch's files cover). The keys ride on the batch's sink transactions; the
+        stage's commit announces each committed one with one partitioned Asset event.
+        """
+        assert self.logic is not None
+        self.logic.add_partitions(keys)
 
     @property
     def params(self) -> Mapping[str, Any]:
@@ -264,6 +287,8 @@ class SparkStageLogic:
         self.check_ms: list[float] = []
         self._prepared: tuple[Batch, BatchContext, DataFrame | None] | None = None
         self._nodelay_tried = False
+        #: The partition keys the current batch's transform reported (``add_partitions``).
+        self.batch_partitions: set[str] = set()
 
     @property
     def spark(self) -> SparkSession:
@@ -361,6 +386,7 @@ class SparkStageLogic:
     def _call(self, ctx: BatchContext, fn: Transform, key: str) -> DataFrame | None:
         """Call a transform with fresh pending state and input tags of this batch."""
         self.pending_state = {}
+        self.batch_partitions = set()
         self.tags.end_batch()
         self.keyed_state_used = False
         try:
@@ -401,7 +427,22 @@ class SparkStageLogic:
             parts = (part,)
         self.persist_state()
         self.watermark = ctx.watermark
-        return BatchOutput(parts=parts, state=tuple(self.handles.values()), watermark=ctx.watermark)
+        return BatchOutput(
+            parts=parts,
+            state=tuple(self.handles.values()),
+            watermark=ctx.watermark,
+            partition_keys=tuple(sorted(self.batch_partitions)),
+        )
+
+    def add_partitions(self, keys: str | Sequence[str]) -> None:
+        """Record partition keys for the current batch; they need a sink to ride on."""
+        checked = check_partition_keys(self.stage_id, keys)
+        if not self.sinks:
+            raise StageDefinitionError(
+                f"stage {self.stage_id!r}: add_partitions needs a sink (the keys are "
+                "committed with the sink's transactions); this stage has none"
+            )
+        self.batch_partitions.update(checked)
 
     def _write_sinks(self, frame: DataFrame, txn_ids: Mapping[str, str]) -> None:
         """Stage ``frame`` in every sink; with several sinks it is computed once and cached."""

@@ -25,6 +25,7 @@ from airflow_finalckpt.core.model import (
     TransactionState,
     TriggerReason,
 )
+from airflow_finalckpt.core.partitions import SUPERSEDED, counts
 from airflow_finalckpt.core.plan import CheckpointPlan
 from airflow_finalckpt.core.transitions_boundary import BoundaryAcks
 from airflow_finalckpt.core.views import CoordinatorOptions, StageChange, StageRow, StopRequest
@@ -468,6 +469,25 @@ class StoreWriter(StoreReader):
             )
             .values(state=state.value, updated_at=now)
         )
+
+    def supersede_committed(self, stage_id: str, now: float) -> None:
+        """The stage's committed transactions no longer count for its next commit (a reset:
+        ``core.partitions.SUPERSEDED`` in their payload; they stay COMMITTED, so a replayed
+        commit is still a no-op).
+        """
+        for txn, state in self.transactions(stage_id):
+            if not counts(txn, state):
+                continue
+            self.conn.execute(
+                update(t.transactions)
+                .where(
+                    t.transactions.c.pipeline_key == self.key,
+                    t.transactions.c.stage_id == stage_id,
+                    t.transactions.c.sink_id == txn.sink_id,
+                    t.transactions.c.txn_id == txn.txn_id,
+                )
+                .values(payload={**txn.payload, SUPERSEDED: True}, updated_at=now)
+            )
 
     def restore_transaction(
         self, stage_id: str, txn: SinkTransaction, epoch: int, checkpoint_id: int, now: float

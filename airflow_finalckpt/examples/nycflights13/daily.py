@@ -13,7 +13,7 @@ a late file for a day is any ``day=<day>*.parquet`` beside it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,20 +53,24 @@ def run_day(run: RunContext) -> str:
     return start.strftime("%Y-%m-%d")
 
 
-def read_day_transform(input_dir: str, ctx: BatchContext) -> DataFrame:
-    """The batch's files, only the rows of the run's day (a file never leaks another day)."""
+def read_day_transform(input_dir: str, ctx: BatchContext, day: str | None = None) -> DataFrame:
+    """The batch's files, only the rows of ``day`` (default: the run's; a file never leaks
+    another day).
+    """
     from pyspark.sql import functions as F
 
-    day = run_day(ctx.run)
+    day = day or run_day(ctx.run)
     paths = [str(Path(input_dir) / FLIGHTS_DIR / name) for name in ctx.splits]
     frame = ctx.spark.read.parquet(*paths)
     event_date = F.format_string("%04d-%02d-%02d", "year", "month", "day")
     return frame.withColumn("event_date", event_date).where(F.col("event_date") == day)
 
 
-def daily_sinks(output_dir: str, sql_url: str) -> list[Any]:
-    """The four sinks, each owning the run's day: a rerun of the day replaces it."""
-    day = {"event_date": DAY_TEMPLATE}
+def daily_sinks(output_dir: str, sql_url: str, owned: Mapping[str, str] | None = None) -> list[Any]:
+    """The four sinks, each owning the run's day (``owned``: another slice template, e.g. a
+    partitioned run's ``partition_slice("event_date")``): a rerun of the day replaces it.
+    """
+    day = dict(owned or {"event_date": DAY_TEMPLATE})
     return [
         ParquetTableSink("flights_parquet", f"{output_dir}/parquet/flights", replace_slice=day),
         SqlTableSink("flights_sql", sql_url, "daily_flights", replace_slice=day),
