@@ -44,9 +44,13 @@ export function RunsList() {
     }));
   const sortBy = (sort: ListParams["sort"]) =>
     setParams((p) => ({ ...p, sort, offset: 0, order: p.sort === sort && p.order === "desc" ? "asc" : "desc" }));
+  // the caption and the pager describe the page shown (the answer), not the one asked for
   const total = data?.total_entries ?? 0;
-  const pages = Math.max(1, Math.ceil(total / params.limit));
-  const page = Math.floor(params.offset / params.limit) + 1;
+  const shownOffset = data?.offset ?? 0;
+  const shownLimit = data?.limit ?? params.limit;
+  const pages = Math.max(1, Math.ceil(total / shownLimit));
+  const page = Math.floor(shownOffset / shownLimit) + 1;
+  const loading = data !== null && (data.offset !== params.offset || data.limit !== params.limit);
 
   return (
     <div className="fck-runs">
@@ -80,10 +84,10 @@ export function RunsList() {
       {data !== null ? (
         <>
           <p className="muted" data-testid="showing">
-            {showing(params.offset, data.runs.length, total)}
+            {showing(shownOffset, data.runs.length, total)}
             {params.states.length ? ` (state: ${params.states.map(stateWord).join(", ")})` : ""}
           </p>
-          <div className="table-wrap">
+          <div className="table-wrap" aria-busy={loading}>
             <table className="runs">
               <thead>
                 <tr>
@@ -147,7 +151,7 @@ export function RunsList() {
             </table>
           </div>
           <div className="pager">
-            <button type="button" disabled={params.offset === 0} onClick={() => setParams((p) => ({ ...p, offset: Math.max(0, p.offset - p.limit) }))}>
+            <button type="button" disabled={params.offset === 0 || loading} onClick={() => setParams((p) => ({ ...p, offset: Math.max(0, p.offset - p.limit) }))}>
               Previous
             </button>
             <span data-testid="page">
@@ -155,7 +159,7 @@ export function RunsList() {
             </span>
             <button
               type="button"
-              disabled={params.offset + params.limit >= total}
+              disabled={params.offset + params.limit >= total || loading}
               onClick={() => setParams((p) => ({ ...p, offset: p.offset + p.limit }))}
             >
               Next
