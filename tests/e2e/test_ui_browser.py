@@ -38,6 +38,7 @@ from .ui_cluster import (
     DAYS,
     SAVEPOINT_DAG,
     UI_DRAIN_DAG,
+    require_ui_bundle,
     run_api,
     stage_running,
     store_url,
@@ -81,6 +82,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster:
+    require_ui_bundle()
     return ui_cluster(airflow_cluster)
 
 

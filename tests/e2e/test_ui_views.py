@@ -35,7 +35,15 @@ from tests.ui_seed import seed_pipelines
 
 from .airflow_cluster import AirflowCluster
 from .test_ui_browser import TIMEOUT_MS, browser, log_in, shots  # noqa: F401 - fixtures
-from .ui_cluster import DRAIN_DAG, SAVEPOINT_DAG, _environment, run_api, store_url, ui_cluster
+from .ui_cluster import (
+    DRAIN_DAG,
+    SAVEPOINT_DAG,
+    _environment,
+    require_ui_bundle,
+    run_api,
+    store_url,
+    ui_cluster,
+)
 
 SEEDED = 250
 PREFIX = "listed"
@@ -43,6 +51,7 @@ PREFIX = "listed"
 
 @pytest.fixture(scope="module")
 def cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster:
+    require_ui_bundle()
     return ui_cluster(airflow_cluster)
 
 
