@@ -13,6 +13,8 @@
 # else scripts/build_wheel.sh builds one here.
 # Idempotent: a second run only re-installs when pyproject.toml or the constraints changed (and,
 # for a wheel install, the package alone when the wheel's files changed).
+# The plugin's UI (ui/, React) is built with npm into the package (scripts/build_ui.sh: Node >= 20
+# and npm needed; a no-op when ui/ is unchanged since the last build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +44,9 @@ if [ -z "$PYTHON" ]; then
   echo "error: Python 3.11 is required (set PYTHON=/path/to/python3.11)." >&2
   exit 1
 fi
+
+# the UI bundle first: an editable install serves it from here, a wheel ships it
+./scripts/build_ui.sh
 
 VENV=${VENV:-.venv}
 CONSTRAINTS=${FINALCKPT_CONSTRAINTS:-constraints/newest.txt}

@@ -9,7 +9,6 @@ from airflow_finalckpt.control.service import (
     CheckpointSummary,
     PipelineControl,
     PipelineDetail,
-    PipelineRunState,
     PipelineRunSummary,
     RestoreCheck,
     StageSummary,
@@ -17,6 +16,7 @@ from airflow_finalckpt.control.service import (
     check_stages,
     dag_stage_graph,
 )
+from airflow_finalckpt.control.states import PipelineRunState
 
 __all__ = [
     "CheckpointSummary",

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
+from airflow_finalckpt.control.states import PipelineRunState, ended_at, run_state
 from airflow_finalckpt.coordination import CheckpointInfo, Coordinator, StageView, StopRequest
 from airflow_finalckpt.core.errors import (
     DrainedSavepointError,
@@ -44,24 +44,12 @@ from airflow_finalckpt.core.restore import (
 from airflow_finalckpt.core.run_conf import parse_allow_drop_stages
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import read_batch_plan, read_batch_throughput
+from airflow_finalckpt.store.listing import checkpoint_count, pipeline_times
 from airflow_finalckpt.store.repository import (
     dag_ids_of,
     pipeline_keys_newest_first,
     pipeline_of_dag_run,
 )
-
-
-class PipelineRunState(StrEnum):
-    """What a pipeline run is doing, as the UI shows it."""
-
-    NOT_STARTED = "not_started"
-    RUNNING = "running"
-    #: a stop with savepoint was requested; the savepoint is in progress
-    STOPPING = "stopping"
-    SUSPENDED = "suspended"
-    DRAINING = "draining"
-    DRAINED = "drained"
-    FINISHED = "finished"
 
 
 class _Model(BaseModel):
@@ -133,6 +121,9 @@ class PipelineRunSummary(_Model):
     restored_from: str | None
     unread_splits: int
     stop: StopSummary | None
+    #: when the pipeline run was registered, and when it stopped working (None while it runs)
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 class PipelineDetail(_Model):
@@ -141,6 +132,8 @@ class PipelineDetail(_Model):
     summary: PipelineRunSummary
     stages: list[StageSummary]
     checkpoints: list[CheckpointSummary]
+    #: how many the history holds (``checkpoints`` are the newest of them)
+    checkpoints_total: int = 0
 
 
 def check_stages(
@@ -233,26 +226,6 @@ def _change_document(change: GraphChange) -> dict[str, Any]:
         "stages": [],
         "summary": change.describe(),
     }
-
-
-def run_state(stages: Collection[StageView], stop: StopRequest | None) -> PipelineRunState:
-    """The run's state: a stop in progress or done wins, then the stages' lifecycles.
-
-    A run is *suspended* only once its savepoint completed **and** every stage that was running
-    has parked (released Spark, lifecycle SUSPENDED); between the two it is still *stopping*.
-    """
-    if stop is not None and stop.state in (StopState.REQUESTED, StopState.COMPLETED):
-        requested = stop.state is StopState.REQUESTED
-        if stop.mode is StopMode.DRAIN:
-            return PipelineRunState.DRAINING if requested else PipelineRunState.DRAINED
-        if requested or any(s.lifecycle is StageLifecycle.RUNNING for s in stages):
-            return PipelineRunState.STOPPING
-        return PipelineRunState.SUSPENDED
-    if stages and all(s.lifecycle is StageLifecycle.CLOSED for s in stages):
-        return PipelineRunState.FINISHED
-    if all(s.lifecycle is StageLifecycle.NOT_STARTED for s in stages):
-        return PipelineRunState.NOT_STARTED
-    return PipelineRunState.RUNNING
 
 
 def _stage_summary(view: StageView, graph: StageGraph) -> StageSummary:
@@ -351,10 +324,14 @@ class PipelineControl:
         stages = [_stage_summary(views[sid], graph) for sid in order]
         stop = coordinator.stop_request()
         latest = coordinator.latest_completed(include_discarded=True)
+        state = run_state([v.lifecycle for v in views.values()], stop)
+        started, changed = pipeline_times(self.engine, coordinator.pipeline_key)
         summary = PipelineRunSummary(
             pipeline_key=coordinator.pipeline_key,
             dag_runs=coordinator.dag_runs(),
-            state=run_state(list(views.values()), stop),
+            state=state,
+            started_at=started,
+            ended_at=ended_at(state, changed, stop),
             stages_total=len(views),
             stages_closed=sum(v.lifecycle is StageLifecycle.CLOSED for v in views.values()),
             done_splits=sum(s.done_splits for s in stages),
@@ -383,6 +360,7 @@ class PipelineControl:
             checkpoints=[
                 _checkpoint_summary(c) for c in coordinator.checkpoints(limit=checkpoints)
             ],
+            checkpoints_total=checkpoint_count(self.engine, pipeline_key),
         )
 
     def _with_batches(self, pipeline_key: str, stage: StageSummary) -> StageSummary:
@@ -399,8 +377,8 @@ class PipelineControl:
     ) -> StopSummary | None:
         if stop is None:
             return None
-        path = None
-        if stop.savepoint_id is not None and stop.state is StopState.COMPLETED:
+        path = None  # kept after a resume: the savepoint stays restorable
+        if stop.savepoint_id is not None and stop.state in (StopState.COMPLETED, StopState.RESUMED):
             path = coordinator.checkpoint(stop.savepoint_id).metadata_path
         return StopSummary(
             request_id=stop.request_id,

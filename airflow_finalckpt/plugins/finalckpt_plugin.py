@@ -8,13 +8,17 @@ It registers:
 
 * ``fastapi_apps``: the stop/drain/resume/restore REST API and the UI pages, mounted by the
   api-server at ``/finalckpt`` (built on first access, i.e. only in the api-server);
-* ``external_views``: the pipeline page as a tab of every DAG run (``dag_run``) and a
-  top-level "Pipelines" page listing all pipeline runs (``nav``);
+* ``react_apps``: the pipeline page as a tab of every DAG run (``dag_run``) and a top-level
+  "Pipelines" page listing all pipeline runs (``nav``), React apps rendered inside Airflow's
+  UI from the bundle built from ``ui/`` (``static/ui/finalckpt-ui.js``). A checkout whose
+  bundle was not built (no npm run) registers the server-rendered pages as ``external_views``
+  (iframes) under the same routes instead, so links to them work either way;
 * ``operator_extra_links``: the "Pipeline" link of every stage task.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
@@ -36,26 +40,50 @@ class _LazyFastAPIApps:
         return [{"app": get_app(), "url_prefix": URL_PREFIX, "name": "airflow-finalckpt"}]
 
 
-class FinalCheckpointPlugin(AirflowPlugin):
-    """airflow-finalckpt: Flink-style final checkpoints for multi-stage PySpark pipelines."""
+#: the React bundle, relative to Airflow's ``<base href>`` (Airflow may live under a sub-path)
+BUNDLE_URL = URL_PREFIX.lstrip("/") + "/static/ui/finalckpt-ui.js"
+BUNDLE_FILE = ("api", "static", "ui", "finalckpt-ui.js")
 
-    name = "finalckpt"
-    fastapi_apps = _LazyFastAPIApps()
-    external_views = [  # noqa: RUF012 - Airflow's plugin interface: plain class attributes
-        {
-            "name": "Pipeline",
-            "href": URL_PREFIX + "/ui/dags/{DAG_ID}/runs/{RUN_ID}",
-            "destination": "dag_run",
-            "url_route": RUN_VIEW_ROUTE,
-        },
+
+def bundle_built() -> bool:
+    """Whether the React bundle is in the package: a stat, no import (``plugins.api`` would
+    import FastAPI), so every component can afford it.
+    """
+    return resources.files("airflow_finalckpt.plugins").joinpath(*BUNDLE_FILE).is_file()
+
+
+def ui_views(react: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(external_views, react_apps): the two pages as React apps, or as iframes without a
+    bundle. Both use the same ``url_route``s, so a link works whichever is registered.
+    """
+    pages: list[dict[str, Any]] = [
+        {"name": "Pipeline", "destination": "dag_run", "url_route": RUN_VIEW_ROUTE},
         {
             "name": "Pipelines",
-            "href": URL_PREFIX + "/ui/runs",
             "destination": "nav",
             "url_route": NAV_VIEW_ROUTE,
             "nav_top_level": True,
         },
     ]
+    if react:
+        return [], [{**page, "bundle_url": BUNDLE_URL} for page in pages]
+    hrefs = {
+        "dag_run": URL_PREFIX + "/ui/dags/{DAG_ID}/runs/{RUN_ID}",
+        "nav": URL_PREFIX + "/ui/runs",
+    }
+    return [{**page, "href": hrefs[str(page["destination"])]} for page in pages], []
+
+
+_EXTERNAL_VIEWS, _REACT_APPS = ui_views(bundle_built())
+
+
+class FinalCheckpointPlugin(AirflowPlugin):
+    """airflow-finalckpt: Flink-style final checkpoints for multi-stage PySpark pipelines."""
+
+    name = "finalckpt"
+    fastapi_apps = _LazyFastAPIApps()
+    external_views = _EXTERNAL_VIEWS
+    react_apps = _REACT_APPS
     operator_extra_links = [PipelineLink()]  # noqa: RUF012
     #: writes the DAG run note of a drained run (in the scheduler)
     listeners = [dag_run_notes]  # noqa: RUF012

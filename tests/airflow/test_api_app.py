@@ -441,8 +441,10 @@ def test_drained_run_cannot_be_stopped_resumed_or_restored(
 
 def test_unknown_run_is_404_with_a_message(client: TestClient, token: Callable[..., str]) -> None:
     headers = bearer(token("ADMIN"))
+    # the run's detail (the page's poll) says what is missing: here the DAG itself
+    resp = client.get(api().replace(RUN, "nope"), headers=headers)
+    assert resp.status_code == 404 and resp.json()["detail"] == f"DAG {DAG!r} not found"
     for method, path, body in [
-        ("GET", api().replace(RUN, "nope"), None),
         ("GET", api("/checkpoints").replace(RUN, "nope"), None),
         ("POST", api("/stop").replace(RUN, "nope"), {"mode": "drain"}),
         ("POST", api("/resume").replace(RUN, "nope"), {}),

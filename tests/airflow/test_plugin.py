@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
-from airflow_finalckpt.plugins.finalckpt_plugin import FinalCheckpointPlugin
+from airflow_finalckpt.plugins.finalckpt_plugin import (
+    FinalCheckpointPlugin,
+    bundle_built,
+    ui_views,
+)
 
 pytestmark = pytest.mark.usefixtures("airflow_home")
 
@@ -68,7 +72,6 @@ def test_plugin_registers_the_app_views_and_link_only() -> None:
     plugin = FinalCheckpointPlugin()
     for attr in (
         "fastapi_root_middlewares",
-        "react_apps",
         "global_operator_extra_links",
         "macros",
         "timetables",
@@ -76,11 +79,30 @@ def test_plugin_registers_the_app_views_and_link_only() -> None:
         assert getattr(FinalCheckpointPlugin, attr) == [], attr
     (app,) = plugin.fastapi_apps
     assert app["url_prefix"] == "/finalckpt" and app["app"] is plugin.fastapi_apps[0]["app"]
-    views = {v["destination"]: v for v in plugin.external_views}
+    # the checkout's bundle decides: React apps when built, else the iframe pages
+    expected = ui_views(bundle_built())
+    assert (plugin.external_views, plugin.react_apps) == expected
+    assert [link.name for link in plugin.operator_extra_links] == ["Pipeline"]
+
+
+def test_the_pages_are_react_apps_with_a_bundle_and_iframes_without() -> None:
+    """Both registrations keep the url_routes the extra link and the list's links go to."""
+    iframes, none = ui_views(react=False)
+    assert none == []
+    views = {v["destination"]: v for v in iframes}
     assert views["dag_run"]["href"] == "/finalckpt/ui/dags/{DAG_ID}/runs/{RUN_ID}"
     assert views["dag_run"]["url_route"] == "finalckpt-pipeline"
     assert views["nav"]["href"] == "/finalckpt/ui/runs" and views["nav"]["nav_top_level"]
-    assert [link.name for link in plugin.operator_extra_links] == ["Pipeline"]
+    none, react = ui_views(react=True)
+    assert none == []
+    apps = {a["destination"]: a for a in react}
+    assert {a["bundle_url"] for a in react} == {"finalckpt/static/ui/finalckpt-ui.js"}
+    assert (apps["dag_run"]["name"], apps["dag_run"]["url_route"]) == (
+        "Pipeline",
+        "finalckpt-pipeline",
+    )
+    assert (apps["nav"]["name"], apps["nav"]["url_route"]) == ("Pipelines", "finalckpt")
+    assert apps["nav"]["nav_top_level"]
 
 
 def test_plugin_module_import_stays_cheap() -> None:
@@ -104,8 +126,12 @@ def test_airflow_serves_the_plugin_views_and_app() -> None:
     """What Airflow's UI receives from GET /api/v2/plugins, and what the api-server mounts."""
     from airflow import plugins_manager
 
-    external_views, _react_apps = plugins_manager._get_ui_plugins()
-    ours = [v for v in external_views if v["href"].startswith("/finalckpt/")]
+    external_views, react_apps = plugins_manager._get_ui_plugins()
+    ours = [
+        v
+        for v in [*external_views, *react_apps]
+        if "finalckpt/" in v.get("href", "") + v.get("bundle_url", "")
+    ]
     assert {v["url_route"] for v in ours} == {"finalckpt", "finalckpt-pipeline"}
     apps, _ = plugins_manager.get_fastapi_plugins()
     assert [a["url_prefix"] for a in apps if a["name"] == "airflow-finalckpt"] == ["/finalckpt"]

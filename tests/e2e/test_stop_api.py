@@ -62,10 +62,13 @@ def store_rows() -> tuple[Any, ...]:
 def test_plugin_app_and_views_are_served(cluster: AirflowCluster) -> None:
     plugins = cluster.api("GET", "/api/v2/plugins")["plugins"]
     ours = next(p for p in plugins if p["name"] == "finalckpt")
-    views = {v["url_route"]: v for v in ours["external_views"]}
-    assert views["finalckpt-pipeline"]["destination"] == "dag_run"
-    assert views["finalckpt-pipeline"]["href"] == "/finalckpt/ui/dags/{DAG_ID}/runs/{RUN_ID}"
-    assert views["finalckpt"]["destination"] == "nav"
+    # the pages are React apps (scripts/setup.sh built the bundle), under the routes the
+    # "Pipeline" extra link and the list's links go to
+    assert ours["external_views"] == []
+    apps = {a["url_route"]: a for a in ours["react_apps"]}
+    assert apps["finalckpt-pipeline"]["destination"] == "dag_run"
+    assert apps["finalckpt-pipeline"]["bundle_url"] == "finalckpt/static/ui/finalckpt-ui.js"
+    assert apps["finalckpt"]["destination"] == "nav"
     assert [a["url_prefix"] for a in ours["fastapi_apps"]] == ["/finalckpt"]
 
     for path in (
@@ -73,6 +76,7 @@ def test_plugin_app_and_views_are_served(cluster: AirflowCluster) -> None:
         "/finalckpt/ui/runs",
         "/finalckpt/api/openapi.json",
         "/finalckpt/static/finalckpt.js",
+        "/finalckpt/static/ui/finalckpt-ui.js",
     ):
         anonymous = cluster.request("GET", path, user=None)
         assert anonymous.status_code == 401, (path, anonymous.text)
@@ -153,7 +157,8 @@ def test_authorization_then_stop_with_savepoint_and_resume_through_rest(
     assert store_rows() == before
     detail = cluster.request("GET", api, user="viewer").json()
     assert detail["summary"]["state"] == "running" and detail["summary"]["stop"] is None
-    # the pipeline page (what Airflow's UI shows in its iframe) draws only allowed actions
+    # the server-rendered pipeline page (the fallback without a React bundle) draws only
+    # allowed actions (the React tab asks GET .../access: tests/e2e/test_ui_views.py)
     page = api.replace("/finalckpt/api/", "/finalckpt/ui/", 1)
     for url in (page, page + "/live"):
         viewer_page = cluster.request("GET", url, user="viewer")

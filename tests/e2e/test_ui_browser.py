@@ -1,15 +1,18 @@
 """Headless Chromium (Debian's /usr/bin/chromium driven by Playwright; no browser download)
 against a REAL Airflow, clicking every button of the pipeline page:
 
-- log in through the SimpleAuthManager login form, open the pipeline tab of a running
-  example-pipeline DAG run, *Stop with savepoint* (confirm), see the run turn suspended,
-  *Resume* (cancel, then confirm), see it running again and then finished;
+- log in through the SimpleAuthManager login form, open the pipeline tab (our React app,
+  rendered by Airflow's UI: ``react_apps``) of a running example-pipeline DAG run, *Stop with
+  savepoint* (confirm), see the run turn suspended with its savepoint path, *Resume* (cancel,
+  then confirm), see it running again (the path kept) and then finished;
 - on another run, *Stop with drain* (cancel: no stop request is stored; then confirm): the stop
   request row is a drain by the user, ingest stops reading with days left unread, every stage
   finishes, the drained savepoint completes, the DAG run succeeds with its "Drained" note, every
   button is disabled and a resume is refused.
 
-Screenshots go to the test's tmp dir (and to ``FINALCKPT_UI_SCREENSHOTS`` if set).
+The Pipelines list, light and dark mode, live updates, permissions and a missing run are in
+``test_ui_views.py`` (the same Airflow deployment). Screenshots go to the test's tmp dir (and
+to ``FINALCKPT_UI_SCREENSHOTS`` if set).
 
 Without chromium or Playwright the test fails in CI (``CI`` set) and skips elsewhere.
 """
@@ -35,6 +38,7 @@ from .ui_cluster import (
     DAYS,
     SAVEPOINT_DAG,
     UI_DRAIN_DAG,
+    require_ui_bundle,
     run_api,
     stage_running,
     store_url,
@@ -78,6 +82,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster:
+    require_ui_bundle()
     return ui_cluster(airflow_cluster)
 
 
@@ -102,22 +107,22 @@ def shots(tmp_path: Path) -> Iterator[Callable[[Any, str], Path]]:
             shutil.copy(path, Path(keep) / path.name)
 
 
-def log_in(page: Any, cluster: AirflowCluster) -> None:
-    """Through Airflow's own login form, as the user who may edit runs."""
+def log_in(page: Any, cluster: AirflowCluster, user: str = "user") -> None:
+    """Through Airflow's own login form, as the user who may edit runs unless told."""
     page.goto(f"{cluster.base_url}/auth/login")
-    page.locator("input[name=username]").fill("user")
-    page.locator("input[name=password]").fill(cluster.users["user"][1])
+    page.locator("input[name=username]").fill(user)
+    page.locator("input[name=password]").fill(cluster.users[user][1])
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(lambda url: "/auth/login" not in url)
     assert any(c["name"] == "_token" for c in page.context.cookies())
 
 
 def pipeline_tab(page: Any, cluster: AirflowCluster, dag_id: str, run_id: str) -> Any:
-    """The DAG run's Pipeline tab (our external view, in Airflow's iframe)."""
+    """The DAG run's Pipeline tab: our React app, rendered by Airflow's UI itself (no iframe)."""
     page.goto(
         f"{cluster.base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/plugin/finalckpt-pipeline"
     )
-    return page.frame_locator("iframe[title='Pipeline']")
+    return page.locator("[data-finalckpt-app=pipeline]")
 
 
 def stop_requests(dag_id: str, run_id: str) -> list[dict[str, Any]]:
@@ -156,7 +161,7 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
         # 1. log in through Airflow's own login form
         log_in(page, cluster)
 
-        # 2. the pipeline tab of the DAG run (our external view, in Airflow's iframe)
+        # 2. the pipeline tab of the DAG run (our React app inside Airflow's page)
         frame = pipeline_tab(page, cluster, SAVEPOINT_DAG, run_id)
         header = frame.locator("section.header")
         expect(header).to_have_attribute("data-run-state", "running")
@@ -173,7 +178,7 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
         expect(dialog).to_be_visible()
         expect(dialog).to_contain_text("savepoint")
         shots(page, "confirm-stop")
-        dialog.get_by_role("button", name="Confirm").click()
+        dialog.get_by_role("button", name="Stop with savepoint").click()
         expect(header).to_have_attribute("data-run-state", "suspended", timeout=180_000)
         expect(frame.get_by_role("button", name="Resume")).to_be_enabled()
         expect(frame.get_by_role("button", name="Stop with savepoint")).to_be_disabled()
@@ -182,6 +187,9 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
         )
         expect(frame.locator("tr[data-kind='savepoint'][data-state='COMPLETED']")).to_have_count(1)
         expect(frame.locator("#message")).to_be_hidden()  # "waiting for the savepoint" is gone
+        # the savepoint's path is shown and stays after the resume (a restore needs it)
+        savepoint_path = frame.locator("dl.stop code.savepoint-path")
+        expect(savepoint_path).to_contain_text("chk-")
         shots(page, "suspended")
         api = cluster.request("GET", run_api(SAVEPOINT_DAG, run_id), user="viewer").json()
         assert api["summary"]["state"] == "suspended"
@@ -196,20 +204,24 @@ def test_stop_with_savepoint_and_resume_from_the_airflow_ui(
         # 5. Resume -> confirm -> running, then finished
         frame.get_by_role("button", name="Resume").click()
         expect(dialog).to_be_visible()
-        dialog.get_by_role("button", name="Confirm").click()
+        dialog.get_by_role("button", name="Resume").click()
         expect(header).not_to_have_attribute("data-run-state", "suspended", timeout=60_000)
         state = header.get_attribute("data-run-state")
         assert state in ("running", "finished"), state
+        expect(savepoint_path).to_contain_text("chk-")
+        expect(frame.locator("dl.stop")).to_contain_text("resumed by user")
         shots(page, "resumed")
         assert cluster.wait_for_run(SAVEPOINT_DAG, run_id, timeout=600) == "success"
         expect(header).to_have_attribute("data-run-state", "finished", timeout=30_000)
         expect(frame.locator("g.stage[data-status='FULLY_FINISHED']")).to_have_count(4)
         shots(page, "finished")
 
-        # 6. the top-level page lists the pipeline run
+        # 6. the top-level page lists the pipeline run, finished, in Airflow's success colour
         page.goto(f"{cluster.base_url}/plugin/finalckpt")
-        runs = page.frame_locator("iframe[title='Pipelines']")
-        expect(runs.locator("table.runs")).to_contain_text(run_id)
+        runs = page.locator("[data-finalckpt-app=runs]")
+        row = runs.locator(f"table.runs tr:has(a.dag-run:text-is('{SAVEPOINT_DAG} / {run_id}'))")
+        expect(row).to_have_attribute("data-run-state", "finished")
+        expect(row.locator(".badge")).to_have_attribute("data-palette", "success")
         shots(page, "all-runs")
     finally:
         context.close()
@@ -252,7 +264,7 @@ def test_stop_with_drain_from_the_airflow_ui(
         # 2. Stop with drain -> Confirm: a drain request by the user is stored, no more buttons
         drain.click()
         expect(dialog).to_be_visible()
-        dialog.get_by_role("button", name="Confirm").click()
+        dialog.get_by_role("button", name="Stop with drain").click()
         expect(header).to_have_attribute("data-run-state", re.compile("^(draining|drained)$"))
         for name in ("Stop with drain", "Stop with savepoint", "Resume"):
             expect(frame.get_by_role("button", name=name)).to_be_disabled()
@@ -270,6 +282,9 @@ def test_stop_with_drain_from_the_airflow_ui(
             frame.locator("tr[data-kind='drained_savepoint'][data-state='COMPLETED']")
         ).to_have_count(1)
         expect(header).to_contain_text("unread input")
+        # a drain that left input unread does not look like a finished run
+        expect(header.locator(".badge")).to_have_attribute("data-palette", "amber")
+        expect(header.locator(".badge")).to_contain_text("unread")
         for name in ("Stop with drain", "Stop with savepoint", "Resume"):
             expect(frame.get_by_role("button", name=name)).to_be_disabled()
         shots(page, "drained")

@@ -54,6 +54,19 @@ def _environment() -> tuple[dict[str, str], Path, str]:
     return env, work, url
 
 
+def require_ui_bundle() -> None:
+    """The browser tests drive the React pages: without the bundle the plugin registers the
+    fallback iframe pages instead, and every check would fail for that reason alone."""
+    from airflow_finalckpt.plugins.finalckpt_plugin import bundle_built
+
+    if not bundle_built():
+        pytest.fail(
+            "the plugin's UI bundle is not built (airflow_finalckpt/plugins/api/static/ui/): "
+            "run scripts/build_ui.sh (scripts/setup.sh does)",
+            pytrace=False,
+        )
+
+
 def ui_cluster(airflow_cluster: Callable[..., AirflowCluster]) -> AirflowCluster:
     ok, why = postgres_reachable()
     if not ok:

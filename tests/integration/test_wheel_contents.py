@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 #: Top-level folders a wheel must never hold (the old in-package harness path too).
 FORBIDDEN = ("faults/", "benchmarks/", "tests/", "airflow_finalckpt/faults/")
+BUNDLE = "airflow_finalckpt/plugins/api/static/ui/finalckpt-ui.js"
 
 
 def _copy_sources(dest: Path) -> None:
@@ -24,6 +25,11 @@ def _copy_sources(dest: Path) -> None:
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     (dest / "tests").mkdir()
     (dest / "tests" / "__init__.py").write_text("")
+    bundle = dest / BUNDLE
+    if not bundle.is_file():  # a checkout nobody ran scripts/build_ui.sh in
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        bundle.write_text("/* stand-in for the built bundle */\n")
+    (bundle.parent / ".build-stamp").write_text("0\n")
 
 
 def _record(wheel: Path) -> list[str]:
@@ -50,3 +56,7 @@ def test_wheel_leaves_out_the_fault_harness(tmp_path: Path) -> None:
     assert "airflow_finalckpt/runtime/runner.py" in files
     leaked = [f for f in files if f.startswith(FORBIDDEN)]
     assert leaked == [], f"the wheel ships test or harness files: {leaked[:10]}"
+    # the React bundle ships (the copy holds one: the checkout's build, or a stand-in), the
+    # build's stamp does not
+    assert BUNDLE in files
+    assert not [f for f in files if f.endswith(".build-stamp")]

@@ -5,24 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_finalckpt.control.service import PipelineRunState, run_state
-from airflow_finalckpt.coordination import StageView, StopRequest
-from airflow_finalckpt.core.model import StageLifecycle, StageSnapshot, StopMode, StopState
+from airflow_finalckpt.control.states import PipelineRunState, run_state
+from airflow_finalckpt.coordination import StopRequest
+from airflow_finalckpt.core.model import StageLifecycle, StopMode, StopState
 
 L = StageLifecycle
-
-
-def view(stage_id: str, lifecycle: StageLifecycle) -> StageView:
-    return StageView(
-        stage_id=stage_id,
-        lifecycle=lifecycle,
-        epoch=1,
-        total_splits=3,
-        progress=StageSnapshot(),
-        finish_threshold=None,
-        final_snapshot=None,
-        closed_checkpoint_id=None,
-    )
 
 
 def stop(mode: StopMode, state: StopState) -> StopRequest:
@@ -80,5 +67,4 @@ def test_run_state(
     stop_request: StopRequest | None,
     expected: PipelineRunState,
 ) -> None:
-    stages = [view(f"s{i}", lc) for i, lc in enumerate(lifecycles)]
-    assert run_state(stages, stop_request) is expected
+    assert run_state(lifecycles, stop_request) is expected

@@ -107,6 +107,8 @@ def create_app(get_control: Callable[[], PipelineControl] | None = None) -> Fast
                 status_code=exc.status_code,
                 headers=headers,
             )
+        if exc.status_code == 401:  # where the page sends the user to log in again
+            headers = {**(headers or {}), "X-Finalckpt-Login": login_url(request)}
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)

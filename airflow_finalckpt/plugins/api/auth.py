@@ -29,7 +29,7 @@ Checks run before any state is read or changed: a 401/403 changes nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
@@ -217,6 +217,12 @@ def readable_runs(
     DAG run recorded belongs to nobody's DAG and is hidden. The JSON list and the runs page
     both filter through here, so they cannot show different runs.
     """
+    may_read = readable_dag(principal)
+    return [r for r in runs if r.dag_runs and all(may_read(d) for d, _ in r.dag_runs)]
+
+
+def readable_dag(principal: Principal) -> Callable[[str], bool]:
+    """``may_read(dag_id)``: may the user read the DAG's runs (asked once per DAG)."""
     allowed: dict[str, bool] = {}
 
     def may_read(dag_id: str) -> bool:
@@ -224,7 +230,7 @@ def readable_runs(
             allowed[dag_id] = is_allowed(principal, dag_id, "GET")
         return allowed[dag_id]
 
-    return [r for r in runs if r.dag_runs and all(may_read(d) for d, _ in r.dag_runs)]
+    return may_read
 
 
 def authorize_dag(

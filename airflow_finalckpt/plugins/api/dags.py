@@ -50,3 +50,50 @@ def dag_graph(dag_id: str) -> StageGraph:
             status.HTTP_404_NOT_FOUND,
             f"DAG {dag_id!r} not found: Airflow has not parsed it (yet), or a typo",
         ) from exc
+
+
+def dag_run_state(dag_id: str, run_id: str) -> tuple[bool, str | None]:
+    """(Airflow knows the DAG, the DAG run's state or None if it has no such run): what a 404
+    of the pipeline page says. (False, None) when Airflow's database cannot be read.
+    """
+    try:
+        from airflow.models.dag import DagModel
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            known = session.scalar(select(DagModel.dag_id).where(DagModel.dag_id == dag_id))
+            state = session.scalar(
+                select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+            )
+    except Exception:  # no database, not migrated: say only what the store says
+        return False, None
+    return known is not None or state is not None, None if state is None else str(state)
+
+
+#: DAG run states in which a stage may still register the pipeline (the page waits for it)
+WAITING_RUN_STATES = frozenset({"queued", "running"})
+
+
+def pipeline_not_found(dag_id: str, run_id: str) -> HTTPException:
+    """The 404 of a DAG run without a pipeline run, saying which of the three it is: no such
+    DAG, no such DAG run, or a DAG run none of whose stages started (yet). The header
+    ``X-Finalckpt-Reason`` (``dag`` / ``run`` / ``not_started``) tells the page whether to wait.
+    """
+    known, state = dag_run_state(dag_id, run_id)
+    if not known:
+        reason, detail = "dag", f"DAG {dag_id!r} not found"
+    elif state is None:
+        reason, detail = "run", f"DAG run {run_id!r} of DAG {dag_id!r} not found"
+    elif state in WAITING_RUN_STATES:
+        reason = "not_started"
+        detail = f"DAG run {run_id!r} is {state}: none of its pipeline stages has started yet"
+    else:
+        reason = "no_pipeline"
+        detail = f"DAG run {run_id!r} is {state} and ran no pipeline stage"
+    return HTTPException(
+        status.HTTP_404_NOT_FOUND,
+        detail,
+        headers={"X-Finalckpt-Reason": reason, "X-Finalckpt-Dag-Run-State": state or ""},
+    )

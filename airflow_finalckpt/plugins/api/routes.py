@@ -3,7 +3,7 @@ restore. GET routes only read; every change is a POST. See docs/ui-and-api.md.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,11 +12,14 @@ from airflow_finalckpt.control import (
     CheckpointSummary,
     PipelineControl,
     PipelineDetail,
-    PipelineRunSummary,
+    PipelineRunState,
     ResetSummary,
     StopSummary,
     reset_stage,
 )
+from airflow_finalckpt.control.listing import ListQuery, PipelineRunPage, SortKey
+from airflow_finalckpt.control.listing import list_runs as page_of_runs
+from airflow_finalckpt.core.errors import UnknownRunError
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
 from airflow_finalckpt.plugins.api.audit import audited
@@ -25,9 +28,10 @@ from airflow_finalckpt.plugins.api.auth import (
     authenticate,
     authorize_dag,
     check_csrf,
-    readable_runs,
+    is_allowed,
+    readable_dag,
 )
-from airflow_finalckpt.plugins.api.dags import dag_graph
+from airflow_finalckpt.plugins.api.dags import dag_graph, pipeline_not_found
 
 TAG_RUNS = "Pipeline runs"
 TAG_CONTROL = "Stop and resume"
@@ -39,13 +43,6 @@ class ErrorDetail(BaseModel):
     """Every error answer: a message saying what is wrong and what to do."""
 
     detail: str = Field(examples=["pipeline 'flights.manual__1' is already stopping (savepoint)"])
-
-
-class PipelineRunList(BaseModel):
-    """Pipeline runs the user may read, newest first."""
-
-    runs: list[PipelineRunSummary]
-    total_entries: int
 
 
 class CheckpointList(BaseModel):
@@ -71,6 +68,14 @@ class DagStages(BaseModel):
         description="sha256 of the graph's shape (stage ids and edges), as the store records it"
     )
     stages: list[DagStage] = Field(description="In topological order")
+
+
+class DagAccess(BaseModel):
+    """What the user may do with a DAG's pipeline runs (which buttons the page shows)."""
+
+    dag_id: str
+    can_edit: bool = Field(description="May stop, resume and recompute (edit the DAG's runs)")
+    can_restore: bool = Field(description="May restore a savepoint (create and edit runs)")
 
 
 class StopBody(BaseModel):
@@ -178,24 +183,25 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     router = APIRouter(prefix="/api", responses=_errors(401, 403, 503))
     Control = Annotated[PipelineControl, Depends(get_control)]
 
+    _add_list_route(router, get_control)
+
     @router.get(
-        "/runs",
-        tags=[TAG_RUNS],
-        summary="List pipeline runs",
-        response_model=PipelineRunList,
-        responses=_errors(403),
+        "/dags/{dag_id}/access",
+        tags=[TAG_DAGS],
+        summary="What the user may do with the DAG's pipeline runs",
+        response_model=DagAccess,
     )
-    def list_runs(
-        principal: Authenticated,
-        control: Control,
-        dag_id: Annotated[str | None, Query(description="Only runs of this DAG")] = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    ) -> PipelineRunList:
-        """Pipeline runs, newest first, of the DAGs whose runs the user may read."""
-        if dag_id is not None:
-            authorize_dag(principal, dag_id, "GET")
-        visible = readable_runs(principal, control.runs(dag_id, limit=limit))
-        return PipelineRunList(runs=visible, total_entries=len(visible))
+    def get_access(dag_id: str, principal: CanRead) -> DagAccess:
+        """Whether the calling user may stop / resume / recompute (edit the DAG's runs) and
+        restore (create and edit them): the page shows only the buttons the user may press.
+        The change routes check the same permissions themselves. Needs permission to read the
+        DAG's runs (403 otherwise).
+        """
+        return DagAccess(
+            dag_id=dag_id,
+            can_edit=is_allowed(principal, dag_id, "PUT"),
+            can_restore=all(is_allowed(principal, dag_id, m) for m in ("PUT", "POST")),
+        )
 
     @router.get(
         "/dags/{dag_id}/stages",
@@ -233,9 +239,13 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
     )
     def get_run(dag_id: str, run_id: str, _: CanRead, control: Control) -> PipelineDetail:
         """The pipeline run of a DAG run: state, stop request, stages (status, split progress,
-        lifecycle, upstream edges) and the latest checkpoints.
+        lifecycle, upstream edges) and the latest checkpoints. A 404 says whether the DAG, the
+        DAG run or only its pipeline is missing (header ``X-Finalckpt-Reason``).
         """
-        return control.describe(dag_id, run_id)
+        try:
+            return control.describe(dag_id, run_id)
+        except UnknownRunError as exc:
+            raise pipeline_not_found(dag_id, run_id) from exc
 
     @router.get(
         "/dags/{dag_id}/runs/{run_id}/checkpoints",
@@ -255,7 +265,9 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         completion time, duration, size, and every stage's status in each.
         """
         detail = control.describe(dag_id, run_id, checkpoints=limit)
-        return CheckpointList(checkpoints=detail.checkpoints, total_entries=len(detail.checkpoints))
+        return CheckpointList(
+            checkpoints=detail.checkpoints, total_entries=detail.checkpoints_total
+        )
 
     @router.post(
         "/dags/{dag_id}/runs/{run_id}/stop",
@@ -351,6 +363,53 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         )
 
     return router
+
+
+def _add_list_route(router: APIRouter, get_control: Callable[[], PipelineControl]) -> None:
+    """``GET /runs``: the Pipelines list's page (search, state filter, sort, paging)."""
+    Control = Annotated[PipelineControl, Depends(get_control)]
+
+    @router.get(
+        "/runs",
+        tags=[TAG_RUNS],
+        summary="List pipeline runs",
+        response_model=PipelineRunPage,
+        responses=_errors(403),
+    )
+    def list_runs(
+        principal: Authenticated,
+        control: Control,
+        dag_id: Annotated[str | None, Query(description="Only runs of this DAG")] = None,
+        q: Annotated[
+            str,
+            Query(
+                max_length=200,
+                description="Words that must each occur in the pipeline key, a DAG id or a run id",
+            ),
+        ] = "",
+        state: Annotated[
+            list[PipelineRunState] | None, Query(description="Only runs in these states")
+        ] = None,
+        sort: Annotated[SortKey, Query(description="Order by")] = SortKey.LINKED,
+        order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+        limit: Annotated[int, Query(ge=1, le=500)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> PipelineRunPage:
+        """One page of the pipeline runs of the DAGs whose runs the user may read (newest DAG
+        run first unless ``sort`` says otherwise), the number matching the search and filter
+        (``total_entries``) and the matching runs per state (``state_counts``).
+        """
+        if dag_id is not None:
+            authorize_dag(principal, dag_id, "GET")
+        query = ListQuery(
+            search=q,
+            states=frozenset(state or ()),
+            sort=sort,
+            descending=order == "desc",
+            limit=limit,
+            offset=offset,
+        )
+        return page_of_runs(control, query, readable_dag(principal), dag_id)
 
 
 def _add_reset_route(router: APIRouter, get_control: Callable[[], PipelineControl]) -> None:

@@ -151,3 +151,18 @@ def _add_static_files(router: APIRouter) -> None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no static file {name!r}")
         data = resources.files("airflow_finalckpt.plugins.api").joinpath("static", name)
         return Response(data.read_bytes(), media_type=media, headers={"Cache-Control": "no-cache"})
+
+    @router.get("/static/ui/{name}", summary="The React apps' bundle (built from ui/)")
+    def bundle(name: str, _: Authenticated) -> Response:
+        if not name.endswith(".js") or "/" in name or name.startswith("."):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no UI file {name!r}")
+        data = resources.files("airflow_finalckpt.plugins.api").joinpath("static", "ui", name)
+        if not data.is_file():
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND,
+                f"no UI file {name!r}: the React bundle was not built "
+                "(scripts/setup.sh builds it: npm ci && npm run build in ui/)",
+            )
+        return Response(
+            data.read_bytes(), media_type="text/javascript", headers={"Cache-Control": "no-cache"}
+        )
