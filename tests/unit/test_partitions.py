@@ -89,11 +89,15 @@ def test_a_commit_announces_the_keys_of_its_committed_transactions_only() -> Non
 def test_a_partitioned_run_has_a_readable_key_from_the_same_digest() -> None:
     plain = default_pipeline_key("sales", "asset_triggered__2026-03-10T00:00:00+00:00_ab12")
     keyed = default_pipeline_key(
-        "sales", "asset_triggered__2026-03-10T00:00:00+00:00_ab12", "us|2026-03-10"
+        "sales", "asset_triggered__2026-03-10T00:00:00+00:00_ab12", partition_key="us|2026-03-10"
     )
     assert keyed.startswith("sales.p=us-2026-03-10.asset_triggered__2026-03-10T00-00-00-00-00")
     assert keyed.rsplit(".", 1)[1] == plain.rsplit(".", 1)[1]  # one pipeline per DAG run
-    assert default_pipeline_key("sales", "r", None) == default_pipeline_key("sales", "r")
+    assert default_pipeline_key("sales", "r", partition_key=None) == default_pipeline_key(
+        "sales", "r"
+    )
+    regenerated = default_pipeline_key("sales", "r", 2, partition_key="us|2026-03-10")
+    assert regenerated.startswith("sales.p=us-2026-03-10.r-g2.")  # a re-created partitioned run
 
 
 class Accessor:
