@@ -17,6 +17,7 @@ from airflow_finalckpt.control.service import (
     check_stages,
     dag_stage_graph,
 )
+from airflow_finalckpt.control.split_lists import dag_declared_splits
 
 __all__ = [
     "CheckpointSummary",
@@ -29,6 +30,7 @@ __all__ = [
     "StageSummary",
     "StopSummary",
     "check_stages",
+    "dag_declared_splits",
     "dag_stage_graph",
     "reset_stage",
 ]

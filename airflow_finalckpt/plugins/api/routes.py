@@ -19,6 +19,7 @@ from airflow_finalckpt.control import (
 )
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
+from airflow_finalckpt.core.split_list import DeclaredSplits
 from airflow_finalckpt.plugins.api.audit import audited
 from airflow_finalckpt.plugins.api.auth import (
     Principal,
@@ -27,7 +28,7 @@ from airflow_finalckpt.plugins.api.auth import (
     check_csrf,
     readable_runs,
 )
-from airflow_finalckpt.plugins.api.dags import dag_graph
+from airflow_finalckpt.plugins.api.dags import dag_graph, dag_splits
 
 TAG_RUNS = "Pipeline runs"
 TAG_CONTROL = "Stop and resume"
@@ -61,6 +62,11 @@ class DagStage(BaseModel):
     stage_id: str
     task_id: str
     upstream: list[str] = Field(description="Stage ids of the stages whose output it reads")
+    splits: list[str] | None = Field(
+        default=None,
+        description="Its fixed list of split ids; null when the task computes them when it runs",
+    )
+    allow_split_list_change: bool = False
 
 
 class DagStages(BaseModel):
@@ -211,6 +217,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         the DAG. Needs permission to read the DAG's tasks.
         """
         graph = dag_graph(dag_id)
+        declared = dag_splits(dag_id)
+        none = DeclaredSplits(None)
         return DagStages(
             dag_id=dag_id,
             fingerprint=graph.fingerprint,
@@ -219,6 +227,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
                     stage_id=sid,
                     task_id=graph.stages[sid].airflow_task_id,
                     upstream=list(graph.upstream(sid)),
+                    splits=_listed(declared.get(sid, none).splits),
+                    allow_split_list_change=declared.get(sid, none).allow_change,
                 )
                 for sid in graph.topological_order()
             ],
@@ -321,7 +331,11 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         run_id = None
         if body.dry_run:
             check = control.plan_restore(
-                dag_id, body.savepoint_path, dag_graph, allow_drop_stages=body.allow_drop_stages
+                dag_id,
+                body.savepoint_path,
+                dag_graph,
+                allow_drop_stages=body.allow_drop_stages,
+                load_splits=dag_splits,
             )
             response.status_code = status.HTTP_200_OK  # nothing was created
         else:
@@ -331,7 +345,11 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
             }
             with audited(principal, "restore", dag_id, None, asked) as entry:
                 check = control.plan_restore(
-                    dag_id, body.savepoint_path, dag_graph, allow_drop_stages=body.allow_drop_stages
+                    dag_id,
+                    body.savepoint_path,
+                    dag_graph,
+                    allow_drop_stages=body.allow_drop_stages,
+                    load_splits=dag_splits,
                 )
                 run_id = trigger_restore_run(
                     dag_id, body.savepoint_path, principal, allow_drop_stages=body.allow_drop_stages
@@ -380,6 +398,10 @@ def _add_reset_route(router: APIRouter, get_control: Callable[[], PipelineContro
             )
             entry.result = {"reset_stages": summary.reset_stages}
         return summary
+
+
+def _listed(splits: tuple[str, ...] | None) -> list[str] | None:
+    return None if splits is None else list(splits)
 
 
 def stop_result(summary: StopSummary) -> dict[str, Any]:

@@ -5,7 +5,8 @@
 ``<work>/rerun/factor``: the "logic" a test changes between runs; no downstream, so its output
 parts are its result) and ``numbers`` -> ``published`` (a Parquet sink declaring no slice).
 ``scaled`` can be held after its first batch (``<work>/rerun/hold``) so the test kills it there;
-``published`` fails every batch after its first while ``<work>/rerun/fail-published`` exists (its
+``published`` marks each commit with the Asset ``finalckpt_e2e_rerun_published`` and fails every
+batch after its first while ``<work>/rerun/fail-published`` exists (its
 tries fail for good, then a clear resumes it).
 """
 
@@ -17,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Asset
 
 from airflow_finalckpt.decorators import finalckpt_stage
 from airflow_finalckpt.sinks import ParquetTableSink
@@ -80,6 +81,7 @@ with DAG(
     @finalckpt_stage(
         batch_size=2,
         sinks=[ParquetTableSink("out", str(WORK / "published"))],
+        outlets=[Asset("finalckpt_e2e_rerun_published")],
     )
     def published(ctx: Any) -> Any:
         _fail_after_first_batch()
