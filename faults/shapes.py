@@ -7,11 +7,16 @@ join of several upstream stages is a relay: its splits are all their output part
 rows with its own key prefix, so all publishers share the sinks and :func:`reference_rows`
 computes the one expected table straight from the generators, without any stage code.
 
-- ``diamond``: ``a -> b, a -> c, b + c -> d``: two windowed branches run at once and fan in.
-- ``fan``: two sources ``s1, s2 -> join``, then a short branch ``join -> wa -> pa`` and a long
-  one ``join -> wb -> rb -> pb``: two publishers, finishing at different times.
-- ``wide``: ``src -> x, y, z -> pub``: three branches at once. A checkpoint that stays pending
-  while a later one completes needs three running stages (see ``docs/guarantees.md``).
+- ``diamond``: ``a -> b, a -> c, b + c -> d``: two windowed branches run at once and fan in;
+  beside them ``a -> e``, a side branch that aggregates and publishes itself (so ``d`` may run
+  while ``e`` still does).
+- ``fan``: three sources ``s1, s2, s3 -> join``, then a short branch ``join -> wa -> pa`` and a
+  long one ``join -> wb -> rb -> pb``: two publishers, finishing at different times.
+- ``wide``: ``src -> x, y, z -> pub``: three branches at once.
+
+A checkpoint that stays pending while a later one completes (FLIP-147's out-of-order
+completion) needs three running stages (see ``docs/guarantees.md``), so every random shape has
+three that run side by side (``Shape.parallel``): ``b, c, e``; ``s1, s2, s3``; ``x, y, z``.
 - ``branching``: the README's branching example (``examples/nycflights13/branching.py``) in
   small: ``ingest, weather -> enrich``, then ``enrich -> delay_windows -> publish`` and
   ``enrich -> carrier_daily``, which aggregates and publishes in one stage (the role
@@ -115,6 +120,7 @@ class Shape:
 
 _DATA = FakeData(splits=6)
 _SECOND = FakeData(splits=4, keys=4, first=6)
+_THIRD = FakeData(splits=3, keys=2, first=10)
 
 SHAPES: dict[str, Shape] = {
     "diamond": Shape(
@@ -124,20 +130,24 @@ SHAPES: dict[str, Shape] = {
             StageDef("b", AGG, ("a",), window=30, prefix="b:"),
             StageDef("c", AGG, ("a",), window=20, prefix="c:"),
             StageDef("d", PUBLISH, ("b", "c")),
+            StageDef("e", AGG_PUBLISH, ("a",), window=40, prefix="e:"),
         ),
+        parallel=("b", "c", "e"),
     ),
     "fan": Shape(
         "fan",
         (
             StageDef("s1", SOURCE, data=_DATA),
             StageDef("s2", SOURCE, data=_SECOND),
-            StageDef("join", RELAY, ("s1", "s2")),
+            StageDef("s3", SOURCE, data=_THIRD),
+            StageDef("join", RELAY, ("s1", "s2", "s3")),
             StageDef("wa", AGG, ("join",), window=30, prefix="a:"),
             StageDef("pa", PUBLISH, ("wa",)),
             StageDef("wb", AGG, ("join",), window=20, prefix="b:"),
             StageDef("rb", RELAY, ("wb",)),
             StageDef("pb", PUBLISH, ("rb",)),
         ),
+        parallel=("s1", "s2", "s3"),
     ),
     "wide": Shape(
         "wide",

@@ -29,6 +29,7 @@ import httpx
 from airflow_finalckpt.config import airflow_option
 from airflow_finalckpt.core.errors import FinalCheckpointError, UnknownDagError
 from airflow_finalckpt.core.graph import Stage, StageGraph
+from airflow_finalckpt.core.split_list import DeclaredSplits
 from airflow_finalckpt.provider_info import SECTION
 
 DEFAULT_API_URL = "http://localhost:8080"
@@ -193,23 +194,48 @@ class AirflowApi:
 
     # ------------------------------------------------------------------ calls
 
-    def stage_graph(self, dag_id: str) -> StageGraph:
-        """The DAG's pipeline graph as Airflow last parsed it; UnknownDagError on 404."""
+    def _stages(self, dag_id: str) -> list[dict[str, Any]]:
         doc = self._request(
             "GET",
             dag_id,
             f"/finalckpt/api/dags/{quote(dag_id, safe='')}/stages",
             f"read the stages of DAG {dag_id!r}",
         )
+        stages: list[dict[str, Any]] = doc["stages"]
+        return stages
+
+    def stage_graph(self, dag_id: str) -> StageGraph:
+        """The DAG's pipeline graph as Airflow last parsed it; UnknownDagError on 404."""
+        stages = self._stages(dag_id)
         try:
             return StageGraph.build(
-                Stage(s["stage_id"], tuple(s["upstream"]), s["task_id"]) for s in doc["stages"]
+                Stage(s["stage_id"], tuple(s["upstream"]), s["task_id"]) for s in stages
             )
         except (KeyError, TypeError) as exc:
-            raise AirflowApiError(
-                f"the stages of DAG {dag_id!r} came back malformed ({exc!r}): is airflow-finalckpt "
-                "of the same version installed on the api-server?"
-            ) from exc
+            raise self._malformed(dag_id, exc) from exc
+
+    def declared_splits(self, dag_id: str) -> dict[str, DeclaredSplits]:
+        """Each stage's fixed split list (None: computed when its task runs), as the api-server
+        read it from the DAG; a plugin without the field answers None (checked by the task).
+        """
+        stages = self._stages(dag_id)
+        try:
+            return {
+                s["stage_id"]: DeclaredSplits(
+                    None if s.get("splits") is None else tuple(s["splits"]),
+                    bool(s.get("allow_split_list_change", False)),
+                )
+                for s in stages
+            }
+        except (KeyError, TypeError) as exc:
+            raise self._malformed(dag_id, exc) from exc
+
+    @staticmethod
+    def _malformed(dag_id: str, exc: Exception) -> AirflowApiError:
+        return AirflowApiError(
+            f"the stages of DAG {dag_id!r} came back malformed ({exc!r}): is airflow-finalckpt "
+            "of the same version installed on the api-server?"
+        )
 
     def trigger_run(
         self, dag_id: str, conf: Mapping[str, Any], *, run_id: str | None, note: str

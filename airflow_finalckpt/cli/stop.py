@@ -177,7 +177,11 @@ def restore(
     with AirflowApi(api_settings()) as api, control_of(store_url) as control:
         load_graph = _no_graph if no_graph_check else _graph_from(api)
         check = control.plan_restore(
-            dag_id, savepoint_path, load_graph, allow_drop_stages=allow_drop_stages
+            dag_id,
+            savepoint_path,
+            load_graph,
+            allow_drop_stages=allow_drop_stages,
+            load_splits=None if no_graph_check else api.declared_splits,
         )
         if not as_json:  # the plan first: shown even if Airflow then refuses the run
             for line in check.lines():

@@ -16,6 +16,7 @@ from airflow_finalckpt.control.service import (
     check_stages,
     dag_stage_graph,
 )
+from airflow_finalckpt.control.split_lists import dag_declared_splits
 from airflow_finalckpt.control.states import PipelineRunState
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "StageSummary",
     "StopSummary",
     "check_stages",
+    "dag_declared_splits",
     "dag_stage_graph",
     "reset_stage",
 ]

@@ -8,12 +8,13 @@ with store credentials (CLI), and passes the user name along for the record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
+from airflow_finalckpt.control.split_lists import continuation_split_lists, restore_split_lists
 from airflow_finalckpt.control.states import PipelineRunState, ended_at, run_state
 from airflow_finalckpt.coordination import CheckpointInfo, Coordinator, StageView, StopRequest
 from airflow_finalckpt.core.errors import (
@@ -42,6 +43,7 @@ from airflow_finalckpt.core.restore import (
     plan_restore,
 )
 from airflow_finalckpt.core.run_conf import parse_allow_drop_stages
+from airflow_finalckpt.core.split_list import DeclaredSplits
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import read_batch_plan, read_batch_throughput
 from airflow_finalckpt.store.listing import checkpoint_count, pipeline_times
@@ -214,6 +216,8 @@ class RestoreCheck(_Model):
             out.append(f"  {stage['stage_id']}: {stage['action']}: redo {stage['redo']}{extra}")
         for sid in self.plan.get("dropped_stages", []):
             out.append(f"  {sid}: progress DROPPED (allow_drop_stages)")
+        for sid, note in self.plan.get("split_lists", {}).items():
+            out.append(f"  {sid}: {note}")
         return out
 
 
@@ -510,11 +514,15 @@ class PipelineControl:
         load_graph: Callable[[str], StageGraph | None],
         *,
         allow_drop_stages: Collection[str] = (),
+        load_splits: Callable[[str], Mapping[str, DeclaredSplits]] | None = None,
     ) -> RestoreCheck:
         """Vet a savepoint (:meth:`check_restore`), then, with the DAG's graph from
         ``load_graph(dag_id)`` (None: not available here), plan the restore exactly as the
         stage tasks will: IllegalGraphChangeError (naming the stage and the rule) for a change
-        they would refuse. The savepoint is read once; nothing is written.
+        they would refuse; with the DAG's split lists from ``load_splits(dag_id)``, the
+        split-list rules too (``control.split_lists``: SplitListChangedError or
+        LostFinishedSplitsError, as the task would raise). The savepoint is read once; nothing
+        is written.
         """
         drop = list(parse_allow_drop_stages(list(allow_drop_stages)))  # the tasks' own parsing
         record = self.check_restore(dag_id, savepoint_path)
@@ -530,15 +538,18 @@ class PipelineControl:
             return RestoreCheck(**common, graph_checked=False, mode="restore", plan=None)
         check_stages(record, savepoint_path, dag_id, graph.stage_ids)
         coordinator = self.coordinator(record.pipeline_key)
+        declared = {} if load_splits is None else load_splits(dag_id)
         if coordinator.restored_from() == savepoint_path:
             change = self._plan_continuation(coordinator, graph, drop)
-            return RestoreCheck(
-                **common, graph_checked=True, mode="continue", plan=_change_document(change)
-            )
+            notes = continuation_split_lists(coordinator, declared, "its last attempt")
+            document = {**_change_document(change), "split_lists": notes}
+            return RestoreCheck(**common, graph_checked=True, mode="continue", plan=document)
         plan: RestorePlan = plan_restore(
             record, graph, pipeline_key=record.pipeline_key, allow_drop_stages=drop
         )
-        return RestoreCheck(**common, graph_checked=True, mode="restore", plan=plan_document(plan))
+        notes = restore_split_lists(record, declared, f"checkpoint {savepoint_path}")
+        document = {**plan_document(plan), "split_lists": notes}
+        return RestoreCheck(**common, graph_checked=True, mode="restore", plan=document)
 
     @staticmethod
     def _plan_continuation(

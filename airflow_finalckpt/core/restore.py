@@ -37,6 +37,13 @@ rules (:func:`find_violations`). Each violation raises :class:`IllegalGraphChang
     A PARTIALLY_FINISHED stage cannot follow a RUNNING, PARTIALLY_FINISHED, NOT_STARTED or new
     stage: its finished splits were computed from complete upstream input.
 
+``finished-stage-split-list-changed``, ``finished-splits-stay-declared``
+    The split-list rules (:mod:`core.split_list`): a finished stage must declare the split
+    list it finished with (else new input would be skipped), and a started one every split it
+    finished (unless its ``allow_split_list_change``). Raised as ``SplitListChangedError`` /
+    ``LostFinishedSplitsError`` when the task declares its splits; the dry run of a restore or
+    continuation checks them for the stages whose DAG declares a fixed list.
+
 Automatic retries of the same, unchanged DAG are not re-checked: the coordinator compares the
 graph fingerprints first (:meth:`Coordinator.start_pipeline`).
 """
@@ -66,18 +73,21 @@ from airflow_finalckpt.core.model import (
     StateHandle,
 )
 from airflow_finalckpt.core.plan import checkpoint_status
+from airflow_finalckpt.core.split_list import SPLIT_LIST_RULES
 
 REMOVED_STAGE = "removed-stage"
 REKEYED_STAGE = "rekeyed-stage"
 FINISHED_NEEDS_FINISHED_UPSTREAM = "finished-needs-finished-upstream"
 PARTIAL_NEEDS_FINISHED_UPSTREAM = "partial-needs-finished-upstream"
 
-#: Every rule name (part of the public API).
+#: Every rule name (part of the public API): the graph's, then the split lists' (checked per
+#: stage when its task declares its splits, and by the dry run where the DAG fixes them).
 GRAPH_CHANGE_RULES = (
     REKEYED_STAGE,
     REMOVED_STAGE,
     FINISHED_NEEDS_FINISHED_UPSTREAM,
     PARTIAL_NEEDS_FINISHED_UPSTREAM,
+    *SPLIT_LIST_RULES,
 )
 
 

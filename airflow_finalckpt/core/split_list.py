@@ -65,8 +65,10 @@ def split_list_change(
 
 
 #: The rule a started stage's changed split list breaks, and the argument that allows it.
-LOST_SPLITS_RULE = "finished splits stay declared"
+LOST_SPLITS_RULE = "finished-splits-stay-declared"
 ALLOW_ARGUMENT = "allow_split_list_change"
+#: The split-list rules (part of the public API, with ``core.restore``'s graph-change rules).
+SPLIT_LIST_RULES = (FINISHED_SPLIT_LIST_RULE, LOST_SPLITS_RULE)
 
 
 class LostFinishedSplitsError(StageDefinitionError):
@@ -135,3 +137,44 @@ def check_finished_split_list(
         f"splits (rule {FINISHED_SPLIT_LIST_RULE}): re-publishing it "
         f"would skip the new input; {_ways_out(stage_id, key_origin)}"
     )
+
+
+@dataclass(frozen=True)
+class DeclaredSplits:
+    """A stage's split list as its DAG declares it before any run: the ids of a fixed list, or
+    None when they are known only when the task runs (a callable, an incremental source, the
+    upstream stages' parts); and whether the stage allows losing finished splits.
+    """
+
+    splits: tuple[str, ...] | None
+    allow_change: bool = False
+
+
+def dry_run_split_list(
+    stage_id: str,
+    *,
+    finished_stage: bool,
+    recorded: str | None,
+    finished: Collection[str],
+    declared: DeclaredSplits | None,
+    since: str,
+) -> str:
+    """What a run of the stage declaring ``declared`` will be told about its split list, by
+    the rules its task applies (a dry run of a restore or continuation): raises the task's own
+    error for a refusal (``SplitListChangedError``, ``LostFinishedSplitsError``), else one line.
+    ``recorded``: the fingerprint the stage's progress was recorded with (None: not known).
+    """
+    if recorded is None:
+        return "split list: not recorded (progress from before fingerprints were kept)"
+    if declared is None or declared.splits is None:
+        return (
+            "split list: declared when the task runs; it checks rules "
+            f"{FINISHED_SPLIT_LIST_RULE} and {LOST_SPLITS_RULE} then"
+        )
+    splits = list(declared.splits)
+    if finished_stage:
+        check_finished_split_list(stage_id, recorded, splits)
+        return "split list: unchanged"
+    check_finished_splits_declared(stage_id, splits, finished, since, declared.allow_change)
+    change = split_list_change(recorded, splits, finished)
+    return "split list: unchanged" if change is None else change.describe(stage_id, since)

@@ -207,6 +207,9 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
         self.transform: Transform = check_callable(stage_id, "transform", transform, optional=False)
         self.on_finish = check_callable(stage_id, "on_finish", on_finish, optional=True)
         self.splits = check_splits(stage_id, splits)
+        #: A fixed list of split ids (serialized: the REST/CLI dry run checks the split-list
+        #: rules with it); None when the task computes its splits.
+        self.fixed_splits = list(self.splits) if isinstance(self.splits, list) else None
         own = splits is not None
         self.split_bytes = check_split_bytes(stage_id, split_bytes, own_splits=own)
         self.primary_input = check_optional_text(stage_id, "primary_input", primary_input)
@@ -250,10 +253,11 @@ class FinalCheckpointStageOperator(SparkLaunchMixin, scheduling.RendersSinksOnCo
     @classmethod
     def get_serialized_fields(cls) -> frozenset[str]:
         """``stage_id`` is serialized: the REST/CLI restore checks read the pipeline graph
-        from Airflow's serialized DAG (a renamed stage keeps its task id, not its stage id).
+        from Airflow's serialized DAG (a renamed stage keeps its task id, not its stage id);
+        so are a fixed split list and ``allow_split_list_change``, for their split-list rules.
         """
         fields: frozenset[str] = super().get_serialized_fields()  # type: ignore[no-untyped-call]
-        return frozenset(fields | {"stage_id"})
+        return frozenset(fields | {"stage_id", "fixed_splits", "allow_split_list_change"})
 
     # ------------------------------------------------------------------ graph and settings
 

@@ -16,9 +16,10 @@ import pytest
 
 from airflow_finalckpt.examples.nycflights13.data import prepare_inputs
 from airflow_finalckpt.sinks import ParquetTableSink
+from tests.extras import import_extra
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("pyiceberg", reason="the lakehouse extra (scripts/setup.sh installs it)")
+import_extra("pyiceberg", "lakehouse")
 
 DAYS = [dt.date(2013, 1, 1), dt.date(2013, 1, 2), dt.date(2013, 1, 3)]
 

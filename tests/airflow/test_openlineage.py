@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from tests.extras import import_extra
+
 pytestmark = pytest.mark.slow
-pytest.importorskip("airflow.providers.openlineage", reason="needs the [lineage] extra")
+import_extra("airflow.providers.openlineage", "lineage")
 
 TWO_STAGE_DAG = """
 from datetime import datetime

@@ -11,18 +11,34 @@ from typing import Any
 import pytest
 
 from airflow_finalckpt.core.errors import (
+    PERMANENT_ERRORS,
     ConfigurationError,
     DrainedSavepointError,
+    ForeignCheckpointError,
     IllegalGraphChangeError,
     InvalidGraphError,
+    InvalidRunConfError,
+    InvalidStageArgumentError,
     MetadataError,
+    PipelineDrivenError,
+    RecomputeRefusedError,
+    SourceRangeBusyError,
+    SourceRefusedError,
+    SplitListChangedError,
     StageDefinitionError,
     StaleEpochError,
+    StopRequestError,
     StorageError,
     UnsafePathError,
+    UnsupportedMetadataVersionError,
     is_permanent,
 )
+from airflow_finalckpt.core.plan_check import BatchingRefusedError
+from airflow_finalckpt.core.split_list import LostFinishedSplitsError
 from airflow_finalckpt.hooks import finalckpt as hook_module
+from airflow_finalckpt.sinks.base import InvalidIdentifierError
+from airflow_finalckpt.spark.launch import UnsupportedDeployModeError
+from airflow_finalckpt.store.connect import StoreUnreachableError
 
 ONE_STAGE_DAG = """
 from datetime import datetime, timedelta
@@ -50,24 +66,51 @@ with DAG(
 """
 
 
-def test_classification() -> None:
-    permanent = [
-        UnsafePathError("x"),
-        IllegalGraphChangeError("b", "removed-stage", "gone"),
-        DrainedSavepointError("x"),
-        InvalidGraphError("cycle"),
-        StageDefinitionError("no transform"),
-        MetadataError("corrupt"),
-    ]
-    transient = [
-        StorageError("I/O"),
-        ConfigurationError("unreachable"),
-        StaleEpochError("s", 1, 2),
-        RuntimeError("spark died"),
-        OSError("disk"),
-    ]
-    assert [is_permanent(e) for e in permanent] == [True] * len(permanent)
-    assert [is_permanent(e) for e in transient] == [False] * len(transient)
+#: One of each permanent error class (PERMANENT_ERRORS), and subclasses raised in their place.
+PERMANENT = [
+    InvalidGraphError("cycle"),
+    IllegalGraphChangeError("b", "removed-stage", "gone"),
+    StageDefinitionError("no transform"),
+    InvalidRunConfError("allow_drop_stages must be a list"),
+    UnsafePathError("x"),
+    MetadataError("corrupt"),
+    ForeignCheckpointError("another pipeline's savepoint"),
+    DrainedSavepointError("x"),
+    RecomputeRefusedError("the sink declares no slice"),
+    PipelineDrivenError("driven by DAG run run-1"),
+    SplitListChangedError("finished with another split list"),
+    SourceRefusedError("an overwrite snapshot"),
+]
+PERMANENT_SUBCLASSES = [
+    InvalidStageArgumentError("batch_size=0"),
+    LostFinishedSplitsError("finished splits no longer declared"),
+    BatchingRefusedError("not split-local"),
+    UnsupportedMetadataVersionError("version 99"),
+    InvalidIdentifierError("a/b"),
+    UnsupportedDeployModeError("cluster mode on local[*]"),
+]
+#: Errors a retry may fix: they keep Airflow's retries.
+TRANSIENT = [
+    StorageError("I/O"),
+    ConfigurationError("unreachable"),
+    StoreUnreachableError("store down", url="postgresql://db/x", attempts=3),
+    StaleEpochError("s", 1, 2),
+    StopRequestError("a stop is in progress"),
+    SourceRangeBusyError("another run holds the range"),
+    RuntimeError("spark died"),
+    OSError("disk"),
+]
+
+
+def test_every_permanent_error_class_is_classified_permanent() -> None:
+    assert [type(e) for e in PERMANENT] == list(PERMANENT_ERRORS)  # a new class joins the list
+    classified = {type(e).__name__: is_permanent(e) for e in PERMANENT + PERMANENT_SUBCLASSES}
+    assert classified == dict.fromkeys(classified, True)
+
+
+def test_transient_errors_keep_their_retries() -> None:
+    classified = {type(e).__name__: is_permanent(e) for e in TRANSIENT}
+    assert classified == dict.fromkeys(classified, False)
 
 
 @pytest.fixture

@@ -180,8 +180,21 @@ def test_the_stages_route_answers_the_graph_to_readers_only(api_server: ApiServe
         "dag_id": dag.dag_id,
         "fingerprint": expected.fingerprint,
         "stages": [
-            {"stage_id": "a", "task_id": "a", "upstream": []},
-            {"stage_id": "b_v2", "task_id": "b", "upstream": ["a"]},
+            # a fixed split list is answered (the dry run's split-list rules), else null
+            {
+                "stage_id": "a",
+                "task_id": "a",
+                "upstream": [],
+                "splits": ["a1"],
+                "allow_split_list_change": False,
+            },
+            {
+                "stage_id": "b_v2",
+                "task_id": "b",
+                "upstream": ["a"],
+                "splits": None,
+                "allow_split_list_change": False,
+            },
         ],
     }
     assert httpx.get(url).status_code == 401

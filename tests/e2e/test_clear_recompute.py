@@ -5,6 +5,9 @@ dag-processor, triggerer, LocalExecutor, PostgreSQL), on the stop tests' cluster
   there; before this rule the clear re-published the old output);
 - a clear of a succeeded stage whose sink declares no slice fails at once (not retried) with
   the rule's message; after ``finalckpt reset`` the next clear appends, as asked;
+- Asset events after clears: one per new commit (the recompute after the reset), none for a
+  clear that committed nothing (a stage without a sink, a refused clear), and a failed stage
+  cleared after its tries failed resumes, commits once and announces it once;
 - a SIGKILL mid-stage is retried by Airflow and the retry resumes (it does not recompute the
   finished split);
 - retention removes that real pipeline's files and store rows (``finalckpt gc
@@ -19,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -85,6 +89,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _events(cluster: AirflowCluster, run_id: str) -> list[dict[str, Any]]:
+    """The Asset events the DAG run's tasks emitted, oldest first (Airflow's REST API)."""
+    events = cluster.api(
+        "GET",
+        "/api/v2/assets/events",
+        params={"source_dag_id": DAG, "limit": 100, "order_by": "timestamp"},
+    )["asset_events"]
+    return [e for e in events if e["source_run_id"] == run_id]
+
+
+def _announced(cluster: AirflowCluster, run_id: str) -> list[tuple[str, int]]:
+    """(task, checkpoint id) of each Asset event of the DAG run."""
+    return [(e["source_task_id"], e["extra"]["checkpoint_id"]) for e in _events(cluster, run_id)]
+
+
 def _run(cluster: AirflowCluster) -> str:
     run_id = cluster.trigger_dag(DAG)
     assert cluster.wait_for_run(DAG, run_id, timeout=600) == "success"
@@ -102,6 +121,8 @@ def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
     first_try = cluster.task_instance(DAG, run_id, "scaled")["try_number"]
     published = _published_rows()
     assert published == len(NUMBERS)
+    [(task, first_commit)] = _announced(cluster, run_id)  # only the stage with a sink
+    assert task == "published"
 
     # the logic changes; a clear of the succeeded stage recomputes it (no re-publication)
     (work / "factor").write_text("3")
@@ -114,6 +135,10 @@ def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
     assert "was cleared after it succeeded" in log and "recomputing it from scratch" in log
     assert "no Spark job submitted" not in log
     assert _published_rows() == published  # its sibling was not cleared
+    assert _announced(cluster, run_id) == [("published", first_commit)]  # scaled has no sink
+    # the run ended again before the next clear: a clear while the scheduler marks the run
+    # successful can be overwritten by it (seen at load 35: published stayed unscheduled)
+    assert cluster.wait_for_run(DAG, run_id, timeout=600) == "success"
 
     # a sink without a declared slice: the clear fails at once, naming the ways out
     pub_try = cluster.task_instance(DAG, run_id, "published")["try_number"]
@@ -123,6 +148,8 @@ def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
     log = cluster.logs(DAG, run_id, "published", pub_try + 1)
     assert "which declare no slice" in log and f"finalckpt reset {DAG} {run_id}" in log
     assert _published_rows() == published
+    assert _announced(cluster, run_id) == [("published", first_commit)]  # refused: no commit
+    assert cluster.wait_for_run(DAG, run_id, timeout=600) == "failed"
     # accepting an append: reset, then clear again
     reset = _cli("reset", DAG, run_id, "--stage", "published", "--direct-store")
     assert reset.returncode == 0, reset.stderr
@@ -132,6 +159,10 @@ def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
         DAG, run_id, "published", ("success",), try_number=pub_try + 2, timeout=600
     )
     assert _published_rows() == 2 * published
+    # the recompute committed again: exactly one more event, for its own checkpoint
+    announced = _announced(cluster, run_id)
+    assert len(announced) == 2 and announced[0] == ("published", first_commit), announced
+    assert announced[1][0] == "published" and announced[1][1] > first_commit, announced
 
     # a SIGKILL mid-stage: Airflow retries, the retry resumes from the finished split
     (work / "hold").write_text("1")
@@ -161,3 +192,32 @@ def test_clear_of_a_succeeded_stage_recomputes_and_a_retry_resumes(
     assert listed.returncode == 0, listed.stderr
     keys = {p["pipeline_key"] for p in json.loads(listed.stdout)["pipelines"]}
     assert key not in keys and _coordinator(run_id).pipeline_key in keys
+
+
+def test_a_cleared_failed_stage_resumes_and_announces_its_one_commit_once(
+    cluster: AirflowCluster,
+) -> None:
+    """``published`` fails after its first batch on both tries (the run fails, nothing is
+    committed or announced); cleared, it resumes from that batch, commits once and emits one
+    Asset event: none for the failed tries, none extra for the clear."""
+    work = _work()
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "published-first-batch").unlink(missing_ok=True)
+    (work / "fail-published").write_text("1")
+    before = _published_rows() if (work / "published").exists() else 0
+    run_id = cluster.trigger_dag(DAG)
+    try:
+        assert cluster.wait_for_run(DAG, run_id, timeout=600) == "failed"
+    finally:
+        (work / "fail-published").unlink(missing_ok=True)
+    failed = cluster.task_instance(DAG, run_id, "published")
+    assert (failed["state"], failed["try_number"]) == ("failed", 2), failed  # 1 retry
+    assert _announced(cluster, run_id) == [] and _published_rows() == before
+
+    cluster.clear_task(DAG, run_id, "published")
+    cluster.wait_for_task(DAG, run_id, "published", ("success",), try_number=3, timeout=600)
+    log = cluster.logs(DAG, run_id, "published", 3)
+    assert "recomputing" not in log  # a clear of a failed stage resumes
+    assert _published_rows() == before + len(NUMBERS)  # every row once
+    closed_on = _coordinator(run_id).stage("published").closed_checkpoint_id
+    assert _announced(cluster, run_id) == [("published", closed_on)]

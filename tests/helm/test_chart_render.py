@@ -24,6 +24,8 @@ from chart_helpers import (
     with_required,
 )
 
+from tests.extras import import_extra
+
 Render = Callable[..., Rendered]
 
 K8S_MASTER = "k8s://https://kubernetes.default.svc:443"
@@ -518,7 +520,7 @@ def test_spark_connections_resolve_through_the_provider_hooks(
     render: Render, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rendered connection env is what the Spark provider's hooks really read."""
-    pytest.importorskip("airflow.providers.apache.spark")
+    import_extra("airflow.providers.apache.spark", "airflow")
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 

@@ -119,7 +119,10 @@ def test_unknown_pipeline_and_corrupt_metadata(
     Path(path).write_bytes(Path(path).read_bytes()[:40])
     corrupt = CliRunner().invoke(main, ["checkpoints", "show", path])
     assert corrupt.exit_code == 2 and "Traceback" not in corrupt.output
-    assert path in corrupt.output or "metadata" in corrupt.output
+    # one line that names the file and what is wrong with it
+    assert corrupt.output.count("\n") == 1 and corrupt.output.startswith("error: "), corrupt.output
+    assert f"checkpoint metadata {path} is not valid JSON" in corrupt.output, corrupt.output
+    assert "truncated or corrupt" in corrupt.output
 
 
 def test_console_script_runs(written: tuple[str, str, Coordinator]) -> None:

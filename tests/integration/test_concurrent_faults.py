@@ -4,7 +4,8 @@
   one SQLite store) gives exactly the rows of the independent reference;
 - out of order, deterministically: three parallel stages, the first two finish while the third
   stalls, the third's next batch acknowledges final checkpoints N and N+1 at once, N fails to
-  complete, N+1 completes first and the first finished stage closes on it;
+  complete, N+1 completes first and the first finished stage closes on it; with real runners in
+  threads (``wide``), and as the campaign plans it (holds, ``straggler``) in every random shape;
 - the scheduler: a failed stage attempt is retried in a new process with a new epoch, and a
   run that outlives its timeout is reported hung (a failure), not waited for;
 - the scenarios of the branching example (issue 25, ``faults.scenarios``): a branch failing on
@@ -37,6 +38,7 @@ from faults.concurrent import (
     execute_concurrent_run,
     last_acks,
     run_stage_to_close,
+    straggler,
 )
 from faults.fake import KEY_COLUMNS
 from faults.injector import FaultInjector, FaultSpec
@@ -44,7 +46,7 @@ from faults.points import Action
 from faults.proxies import FaultyStorage
 from faults.runs import Environment, RunPlan, RunReport, verify_against
 from faults.scenarios import FAILING_BRANCH, TWO_RUNS, execute_scenario, plan_scenarios
-from faults.shapes import SHAPES, Shape, reference_rows
+from faults.shapes import RANDOM_SHAPES, SHAPES, Shape, reference_rows
 from faults.worker import RunSetup, dispose_sinks, make_sinks
 
 
@@ -231,11 +233,34 @@ def test_a_later_final_checkpoint_completes_first_and_closes_the_first_finished_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", RANDOM_SHAPES)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_straggler_run_closes_a_stage_out_of_order_in_every_shape(
+    tmp_path: Path, name: str, seed: int
+) -> None:
+    """The campaign's straggler plan (holds, then a failed ``_metadata`` write) run as the
+    campaign runs it (one process per stage attempt): every shape has three stages side by
+    side, so each gives exactly one out-of-order completion, whichever stage straggles."""
+    import random
+
+    shape = SHAPES[name]
+    sizes: dict[str, int | str] = dict.fromkeys(shape.stage_ids, 2)
+    specs = straggler(random.Random(seed), shape, [], sizes)
+    plan = _plan(name, attempts=[tuple(specs)], batch_sizes=sizes)
+    env = Environment(tmp_path / "campaign")
+    env.prepare(spark=False)
+    report = execute_concurrent_run(env, plan)
+    assert report.problems() == [], report.problems()
+    assert report.out_of_order == 1, (report.out_of_order, report.late_closes)
+    assert {f["point"] for f in report.fired} >= {"before-batch", "metadata-before-write"}
+
+
+@pytest.mark.slow
 def test_a_failed_stage_attempt_is_retried_while_its_siblings_run(tmp_path: Path) -> None:
     plan = _plan(
         "diamond",
         attempts=[(FaultSpec("after-finish", Action.CRASH, stage="b"),)],
-        batch_sizes={"a": 1, "b": 1, "c": 1, "d": 2},
+        batch_sizes={"a": 1, "b": 1, "c": 1, "d": 2, "e": 2},
     )
     env = Environment(tmp_path / "campaign")
     env.prepare(spark=False)
@@ -243,7 +268,7 @@ def test_a_failed_stage_attempt_is_retried_while_its_siblings_run(tmp_path: Path
     assert report.problems() == [], report.problems()
     statuses = {o.label: o.status for o in report.attempts}
     assert statuses["r0000.b.a1"] == "crashed" and statuses["r0000.b.a2"] == "completed"
-    assert {statuses[f"r0000.{s}.a1"] for s in "acd"} == {"completed"}
+    assert {statuses[f"r0000.{s}.a1"] for s in "acde"} == {"completed"}
     assert [f["point"] for f in report.fired] == ["after-finish"]
 
 

@@ -90,7 +90,8 @@ def test_ci_campaign(tmp_path: Path) -> None:
         assert shape["points"] >= 12, (name, shape)
         zeros = {k: shape[k] for k in CampaignResult.ZERO_FIGURES if k in shape}
         assert set(zeros.values()) == {0}, (name, zeros)
-    assert figures["out_of_order"] >= 1, shapes["wide"]
+    # FLIP-147's out-of-order completion, forced by the straggler holds, in every shape
+    assert all(shape["out_of_order"] >= 1 for shape in shapes.values()), shapes
     scenarios = figures["scenarios"]
     assert {name: f["runs"] for name, f in scenarios.items()} == {
         "failing-branch": 4,

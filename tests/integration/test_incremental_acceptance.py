@@ -16,17 +16,20 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyiceberg", reason="the lakehouse extra (scripts/setup.sh installs it)")
-pytest.importorskip("deltalake", reason="the lakehouse extra (scripts/setup.sh installs it)")
-pytest.importorskip("duckdb", reason="the dev extra (scripts/setup.sh installs it)")
+from tests.extras import import_extra
 
-from tests.integration.incremental_acceptance import (
+import_extra("pyiceberg", "lakehouse")
+import_extra("deltalake", "lakehouse")
+import_extra("duckdb", "dev")
+
+# these import the extras: after the checks above
+from tests.integration.incremental_acceptance import (  # noqa: E402
     CATEGORIES,
     Writer,
     campaign,
     check,
 )
-from tests.integration.incremental_attempt import KINDS, make_sink
+from tests.integration.incremental_attempt import KINDS, make_sink  # noqa: E402
 
 pytestmark = pytest.mark.slow
 RUNS = int(os.environ.get("FINALCKPT_INCREMENTAL_RUNS", "10"))

@@ -13,9 +13,10 @@ import pytest
 from airflow_finalckpt.core.errors import SourceRefusedError
 from airflow_finalckpt.core.source_cursor import advance, new_cursor, plan_range
 from airflow_finalckpt.sources import DeltaAppends, IcebergAppends
+from tests.extras import import_extra
 
-pytest.importorskip("pyiceberg", reason="the lakehouse extra (scripts/setup.sh installs it)")
-pytest.importorskip("deltalake", reason="the lakehouse extra (scripts/setup.sh installs it)")
+import_extra("pyiceberg", "lakehouse")
+import_extra("deltalake", "lakehouse")
 
 
 def rows(first: int, count: int) -> pa.Table:

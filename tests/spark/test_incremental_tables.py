@@ -18,10 +18,11 @@ from airflow_finalckpt.sources.base import IncrementalSource
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.store.engine import make_engine
 from airflow_finalckpt.store.migrate import ensure_schema
+from tests.extras import import_extra
 from tests.spark.incremental_pipeline import IncrementalEnv, InjectedCrash, run_pipeline
 
-pytest.importorskip("pyiceberg", reason="the lakehouse extra (scripts/setup.sh installs it)")
-pytest.importorskip("deltalake", reason="the lakehouse extra (scripts/setup.sh installs it)")
+import_extra("pyiceberg", "lakehouse")
+import_extra("deltalake", "lakehouse")
 
 CRASHES = {1: ("read", "mid-batch"), 2: ("publish", "mid-commit"), 3: ("publish", "after-close")}
 

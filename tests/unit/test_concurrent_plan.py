@@ -115,14 +115,28 @@ def test_coverage_arms_every_point_of_a_stage_before_repeating_one() -> None:
     assert sorted(drawn) == sorted(points)
 
 
-def test_a_straggler_run_orders_three_parallel_stages_and_fails_the_last_ones_completion() -> None:
-    shape = SHAPES["wide"]
+@pytest.mark.parametrize("name", RANDOM_SHAPES)
+def test_every_random_shape_has_three_stages_side_by_side(name: str) -> None:
+    """FLIP-147's out-of-order completion needs three running stages (docs/guarantees.md):
+    siblings with the same upstream stages, which Airflow starts at once."""
+    shape = SHAPES[name]
+    assert len(shape.parallel) >= 3
+    assert len({shape.stage(sid).upstream for sid in shape.parallel}) == 1
+    assert not any(shape.ancestors(sid) & set(shape.parallel) for sid in shape.parallel)
+
+
+@pytest.mark.parametrize("name", RANDOM_SHAPES)
+def test_a_straggler_run_orders_three_parallel_stages_and_fails_the_last_ones_completion(
+    name: str,
+) -> None:
+    shape = SHAPES[name]
     sizes = dict.fromkeys(shape.stage_ids, 2)
     specs = straggler(random.Random(3), shape, [], sizes)
     [write] = [s for s in specs if s.point == "metadata-before-write"]
     slow = write.stage
     assert write.nth == 1 and write.action in (Action.EIO, Action.ENOSPC)
-    assert sizes[slow] == 1 and sizes["src"] == 1
+    upstream = {up for sid in shape.parallel for up in shape.stage(sid).upstream}
+    assert sizes[slow] == 1 and all(sizes[up] == 1 for up in upstream)
     assert sorted(sizes[s] for s in shape.parallel) == [1, 4, 4]
     holds = {s.stage: set(s.until) for s in specs if s.action is Action.DELAY}
     assert all(s.point == "before-batch" and s.nth == 1 for s in specs if s.until)
@@ -135,8 +149,9 @@ def test_a_straggler_run_orders_three_parallel_stages_and_fails_the_last_ones_co
     }
 
 
-def test_straggler_runs_never_time_out_their_pending_checkpoint() -> None:
-    plans = plan_concurrent(60, 4, 0, shapes=("wide",))
+@pytest.mark.parametrize("name", RANDOM_SHAPES)
+def test_straggler_runs_never_time_out_their_pending_checkpoint(name: str) -> None:
+    plans = plan_concurrent(60, 4, 0, shapes=(name,))
     straggling = [p for p in plans if any(s.until for a in p.attempts for s in a)]
     assert 10 <= len(straggling) < 60
     assert {p.checkpoint_timeout_s for p in straggling} == {600.0}
@@ -145,7 +160,7 @@ def test_straggler_runs_never_time_out_their_pending_checkpoint() -> None:
 
 def test_the_reference_has_every_branch_with_its_own_key_prefix() -> None:
     for name, prefixes in {
-        "diamond": {"b", "c"},
+        "diamond": {"b", "c", "e"},
         "fan": {"a", "b"},
         "wide": {"x", "y", "z"},
         "branching": {"d", "c"},

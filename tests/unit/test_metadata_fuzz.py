@@ -45,6 +45,10 @@ def assert_original_or_refused(data: bytes) -> None:
 
 def test_the_fuzzed_file_is_valid_to_begin_with() -> None:
     assert load_or_metadata_error(VALID) == ORIGINAL
+    # the oracle of the structured fuzzing agrees with the reader on the untouched file
+    assert _canonical(_said_by_record(ORIGINAL)) == _canonical(
+        _said_by_body(json.loads(VALID)["body"])
+    )
 
 
 @FUZZ
@@ -92,21 +96,33 @@ json_values = st.recursive(
 )
 
 
+#: Values a lax reader would take for another type: "5" or 5.0 for 5, true for 1, a split id
+#: that breaks the sorted order.
+look_alikes = (
+    st.integers(-3, 50).map(float)
+    | st.integers(-3, 50).map(str)
+    | st.booleans()
+    | st.sampled_from(["", "a", "part-0000", "part-0001"])
+)
+
+
 @st.composite
 def mangled_bodies(draw: st.DrawFn) -> Any:
-    """The golden body with one value somewhere replaced by random JSON: reaches the schema."""
+    """The golden body with one value somewhere replaced by random JSON or a look-alike of
+    another type: reaches the schema."""
     body = json.loads(VALID)["body"]
+    values = json_values | look_alikes
     node = body
     while isinstance(node, dict | list) and node and draw(st.booleans()):
         key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node))))
         if not isinstance(node[key], dict | list) or not node[key]:
-            node[key] = draw(json_values)
+            node[key] = draw(values)
             return body
         node = node[key]
     if isinstance(node, dict):
-        node[draw(st.text(max_size=6))] = draw(json_values)
+        node[draw(st.text(max_size=6))] = draw(values)
     elif isinstance(node, list):
-        node.append(draw(json_values))
+        node.append(draw(values))
     return body
 
 
@@ -125,4 +141,57 @@ def test_structured_documents_with_valid_checksums(body: Any, version: Any, tag:
         "body": body,
     }
     loaded = load_or_metadata_error(json.dumps(document).encode())
-    assert loaded is None or isinstance(loaded, CheckpointRecord)
+    if loaded is None:
+        return
+    # accepted: the document is a version 1 file and the record says exactly what it says
+    assert tag == FORMAT_TAG and type(version) is int and version == 1, (tag, version)
+    assert _canonical(_said_by_record(loaded)) == _canonical(_said_by_body(body)), body
+
+
+#: What a version 1 stage states, field by field (docs/protocol.md's metadata format).
+_STAGE_FIELDS = ("status", "finished_splits", "state", "pending_transactions", "watermark")
+_TIMESTAMPS = ("triggered_at", "completed_at")
+
+
+def _said_by_body(body: Any) -> Any:
+    """What a version 1 body states, as plain JSON, after what version 2 keeps of it: a fully
+    finished stage is a flag with a count of its splits (no ids, no state). Unknown keys stay
+    in, so a reader that dropped them would not say the same; the timestamps are JSON numbers
+    of a float field (5 and 5.0 mean the same there, and only there)."""
+    said = dict(body)
+    for key in _TIMESTAMPS:
+        if type(said.get(key)) in (int, float):
+            said[key] = float(said[key])
+    stages = said.get("stages")
+    if isinstance(stages, dict):
+        said["stages"] = {sid: _finished_as_flag(stage) for sid, stage in stages.items()}
+    return said
+
+
+def _finished_as_flag(stage: Any) -> Any:
+    if not isinstance(stage, dict) or stage.get("status") != "FULLY_FINISHED":
+        return stage
+    splits = stage.get("finished_splits")
+    return {
+        **stage,
+        "finished_splits": len(splits) if isinstance(splits, list) else splits,
+        "state": [],
+    }
+
+
+def _said_by_record(record: CheckpointRecord) -> dict[str, Any]:
+    """The same statement read back from the loaded record (only the fields version 1 has)."""
+    dumped = record.model_dump(mode="json")
+    stages = {}
+    for sid, stage in dumped["stages"].items():
+        said = {key: stage[key] for key in _STAGE_FIELDS}
+        said["end_of_data"] = stage["end_of_data"]
+        if stage["status"] == "FULLY_FINISHED":
+            said["finished_splits"] = stage["finished_count"]
+        stages[sid] = said
+    return {**{k: v for k, v in dumped.items() if k != "stages"}, "stages": stages}
+
+
+def _canonical(value: Any) -> str:
+    """JSON text, types kept: true is not 1, 1.0 is not 1 (Python's == would say they are)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=True)

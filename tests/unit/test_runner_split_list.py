@@ -106,7 +106,7 @@ def test_a_resumed_attempt_with_a_changed_list_warns_and_keeps_progress(tmp_path
     with pytest.raises(LostFinishedSplitsError) as refused:
         run(coord, SHRUNK, Logic(), log)
     message = str(refused.value)
-    assert "stage 'a' violates rule 'finished splits stay declared'" in message
+    assert "stage 'a' violates rule 'finished-splits-stay-declared'" in message
     assert "2 finished split(s) ['s0', 's1']" in message
     assert "allow_split_list_change=True" in message
     assert is_permanent(refused.value)

@@ -46,7 +46,24 @@ def _cases(tmp_path: Path) -> list[tuple[TwoPhaseCommitSink, str]]:
 def test_sinks_name_their_asset_in_provider_schemes(tmp_path: Path) -> None:
     for sink, expected in _cases(tmp_path):
         assert sink.asset_uri == expected, sink
-        assert "secret" not in expected
+
+
+def test_no_asset_uri_carries_its_sinks_credentials() -> None:
+    """Asset URIs are shown in the UI and stored in Airflow's tables: the user and password a
+    sink connects with must not be in them (checked on the sink's URI, not on an expected
+    literal)."""
+    sinks: list[TwoPhaseCommitSink] = [
+        SqlTableSink("q", "postgresql+psycopg://app:secret@db.example:6543/reports", "totals"),
+        IcebergTableSink(
+            "i",
+            "db.orders",
+            catalog={"type": "rest", "uri": "http://app:secret@x"},
+            catalog_name="p",
+        ),
+    ]
+    for sink in sinks:
+        uri = sink.asset_uri
+        assert uri is not None and "secret" not in uri and "app:" not in uri, uri
 
 
 @pytest.mark.parametrize("index", [0, 1, 2, 4, 6])
@@ -54,8 +71,9 @@ def test_airflow_accepts_the_asset_uris(tmp_path: Path, index: int) -> None:
     from airflow.sdk import Asset
 
     sink, expected = _cases(tmp_path)[index]
-    assert sink.asset_uri == expected
-    assert Asset(expected).uri == expected
+    uri = sink.asset_uri
+    assert uri == expected
+    assert Asset(uri).uri == uri
 
 
 def test_lakehouse_sinks_survive_pickling_to_a_spark_driver(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 
+from airflow_finalckpt.core.errors import SplitListChangedError
 from airflow_finalckpt.core.metadata import dump_metadata, load_metadata
 from airflow_finalckpt.core.model import (
     CheckpointKind,
@@ -14,7 +15,16 @@ from airflow_finalckpt.core.model import (
     StageStatus,
     TriggerReason,
 )
-from airflow_finalckpt.core.split_list import split_list_change, split_list_fingerprint
+from airflow_finalckpt.core.restore import GRAPH_CHANGE_RULES
+from airflow_finalckpt.core.split_list import (
+    FINISHED_SPLIT_LIST_RULE,
+    LOST_SPLITS_RULE,
+    DeclaredSplits,
+    LostFinishedSplitsError,
+    dry_run_split_list,
+    split_list_change,
+    split_list_fingerprint,
+)
 
 
 def test_fingerprint_is_the_sha256_of_the_ids_in_declared_order() -> None:
@@ -107,3 +117,40 @@ def test_a_finished_stage_refusal_suggests_only_the_ways_out_of_its_case(
         assert text in message, (origin, message)
     for text in never:
         assert text not in message, (origin, message)
+
+
+def test_every_rule_name_is_kebab_case_and_public() -> None:
+    for rule in GRAPH_CHANGE_RULES:
+        assert rule == rule.lower() and " " not in rule and "_" not in rule, rule
+    assert {FINISHED_SPLIT_LIST_RULE, LOST_SPLITS_RULE} <= set(GRAPH_CHANGE_RULES)
+
+
+def _dry(finished_stage: bool, declared: DeclaredSplits | None, finished: set[str]) -> str:
+    return dry_run_split_list(
+        "s",
+        finished_stage=finished_stage,
+        recorded=split_list_fingerprint(["a", "b"]),
+        finished=finished,
+        declared=declared,
+        since="its last attempt",
+    )
+
+
+def test_the_dry_run_applies_the_tasks_split_list_rules() -> None:
+    same = DeclaredSplits(("a", "b"))
+    assert _dry(True, same, {"a", "b"}) == _dry(False, same, {"a"}) == "split list: unchanged"
+    with pytest.raises(SplitListChangedError, match=FINISHED_SPLIT_LIST_RULE):
+        _dry(True, DeclaredSplits(("a", "b", "c")), {"a", "b"})
+    with pytest.raises(LostFinishedSplitsError, match=LOST_SPLITS_RULE):
+        _dry(False, DeclaredSplits(("b", "c")), {"a"})
+    allowed = _dry(False, DeclaredSplits(("b", "c"), allow_change=True), {"a"})
+    assert "1 finished split(s) are no longer declared" in allowed
+    assert "2 declared split(s) are not finished" in allowed
+    added = _dry(False, DeclaredSplits(("a", "b", "c")), {"a"})
+    assert "0 finished split(s)" in added and "2 declared split(s)" in added
+    for unknown in (None, DeclaredSplits(None)):
+        assert _dry(True, unknown, {"a"}).startswith("split list: declared when the task runs")
+    unrecorded = dry_run_split_list(
+        "s", finished_stage=True, recorded=None, finished=(), declared=same, since="x"
+    )
+    assert unrecorded.startswith("split list: not recorded")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
+import typing
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,7 +93,38 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path, memory_root: str) ->
 # -- layout and round trip --------------------------------------------------------------------
 
 
+def _port_members() -> list[str]:
+    return sorted(
+        name
+        for name, value in vars(CheckpointWriter).items()
+        if callable(value) and not name.startswith("_")
+    )
+
+
+def _signature(function: Any) -> list[tuple[str, Any, Any, Any]]:
+    """Parameters (name, kind, default, resolved type) and the resolved return type."""
+    hints = typing.get_type_hints(function)
+    parameters = [
+        (p.name, p.kind, p.default, hints.get(p.name))
+        for p in inspect.signature(function).parameters.values()
+    ]
+    return [*parameters, ("return", None, None, hints.get("return"))]
+
+
 def test_storage_is_a_checkpoint_writer(storage: CheckpointStorage) -> None:
+    """Every method of the coordinator's port, with the port's signature: a runtime Protocol
+    ``isinstance`` only checks that the names exist, so a renamed keyword (``replace_orphan``)
+    or a changed return type would pass it and break the coordinator's calls."""
+    members = _port_members()
+    assert members == [
+        "checkpoint_dir_ids",
+        "discard_checkpoint",
+        "discard_checkpoint_dir",
+        "write_checkpoint",
+    ]
+    for name in members:
+        port, ours = getattr(CheckpointWriter, name), getattr(CheckpointStorage, name)
+        assert _signature(ours) == _signature(port), name
     assert isinstance(storage, CheckpointWriter)
 
 

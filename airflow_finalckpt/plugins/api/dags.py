@@ -9,19 +9,25 @@ answer the operators' ``stage_id``, which the graph needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from fastapi import HTTPException, status
 
-from airflow_finalckpt.control import dag_stage_graph
+from airflow_finalckpt.control import dag_declared_splits, dag_stage_graph
 from airflow_finalckpt.core.errors import UnknownDagError
 from airflow_finalckpt.core.graph import StageGraph
+from airflow_finalckpt.core.split_list import DeclaredSplits
+
+T = TypeVar("T")
 
 
 class AirflowUnavailableError(RuntimeError):
     """No usable Airflow metadata database in this process (not configured, not migrated)."""
 
 
-def load_dag_graph(dag_id: str) -> StageGraph:
-    """The stage graph of the latest serialized version of ``dag_id``.
+def _serialized_tasks(dag_id: str) -> Any:
+    """The tasks of the latest serialized version of ``dag_id``.
 
     UnknownDagError if Airflow does not know the DAG; AirflowUnavailableError if its metadata
     database cannot be read.
@@ -34,13 +40,31 @@ def load_dag_graph(dag_id: str) -> StageGraph:
         raise AirflowUnavailableError(f"{type(exc).__name__}: {exc}") from exc
     if dag is None:
         raise UnknownDagError(f"DAG {dag_id!r} is not known to Airflow (not parsed yet, or a typo)")
-    return dag_stage_graph(dag.tasks)
+    return dag.tasks
+
+
+def load_dag_graph(dag_id: str) -> StageGraph:
+    """The stage graph of the latest serialized version of ``dag_id`` (errors: as
+    :func:`_serialized_tasks`).
+    """
+    return dag_stage_graph(_serialized_tasks(dag_id))
 
 
 def dag_graph(dag_id: str) -> StageGraph:
     """:func:`load_dag_graph` for a route: 404 for an unknown DAG, 503 without a database."""
+    return _for_route(dag_id, load_dag_graph)
+
+
+def dag_splits(dag_id: str) -> dict[str, DeclaredSplits]:
+    """Each stage's declared split list (a fixed list, else None) for a route, as
+    :func:`dag_graph`: what the dry run checks the split-list rules with.
+    """
+    return _for_route(dag_id, lambda d: dag_declared_splits(_serialized_tasks(d)))
+
+
+def _for_route(dag_id: str, load: Callable[[str], T]) -> T:
     try:
-        return load_dag_graph(dag_id)
+        return load(dag_id)
     except AirflowUnavailableError as exc:
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE, f"cannot read DAG {dag_id!r}: {exc}"

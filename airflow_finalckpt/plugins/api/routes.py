@@ -22,6 +22,7 @@ from airflow_finalckpt.control.listing import list_runs as page_of_runs
 from airflow_finalckpt.core.errors import UnknownRunError
 from airflow_finalckpt.core.model import CheckpointKind, StopMode
 from airflow_finalckpt.core.run_conf import ALLOW_DROP_STAGES_KEY
+from airflow_finalckpt.core.split_list import DeclaredSplits
 from airflow_finalckpt.plugins.api.audit import audited
 from airflow_finalckpt.plugins.api.auth import (
     Principal,
@@ -31,7 +32,7 @@ from airflow_finalckpt.plugins.api.auth import (
     is_allowed,
     readable_dag,
 )
-from airflow_finalckpt.plugins.api.dags import dag_graph, pipeline_not_found
+from airflow_finalckpt.plugins.api.dags import dag_graph, dag_splits, pipeline_not_found
 
 TAG_RUNS = "Pipeline runs"
 TAG_CONTROL = "Stop and resume"
@@ -58,6 +59,11 @@ class DagStage(BaseModel):
     stage_id: str
     task_id: str
     upstream: list[str] = Field(description="Stage ids of the stages whose output it reads")
+    splits: list[str] | None = Field(
+        default=None,
+        description="Its fixed list of split ids; null when the task computes them when it runs",
+    )
+    allow_split_list_change: bool = False
 
 
 class DagStages(BaseModel):
@@ -217,6 +223,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         the DAG. Needs permission to read the DAG's tasks.
         """
         graph = dag_graph(dag_id)
+        declared = dag_splits(dag_id)
+        none = DeclaredSplits(None)
         return DagStages(
             dag_id=dag_id,
             fingerprint=graph.fingerprint,
@@ -225,6 +233,8 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
                     stage_id=sid,
                     task_id=graph.stages[sid].airflow_task_id,
                     upstream=list(graph.upstream(sid)),
+                    splits=_listed(declared.get(sid, none).splits),
+                    allow_split_list_change=declared.get(sid, none).allow_change,
                 )
                 for sid in graph.topological_order()
             ],
@@ -333,7 +343,11 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
         run_id = None
         if body.dry_run:
             check = control.plan_restore(
-                dag_id, body.savepoint_path, dag_graph, allow_drop_stages=body.allow_drop_stages
+                dag_id,
+                body.savepoint_path,
+                dag_graph,
+                allow_drop_stages=body.allow_drop_stages,
+                load_splits=dag_splits,
             )
             response.status_code = status.HTTP_200_OK  # nothing was created
         else:
@@ -343,7 +357,11 @@ def build_router(get_control: Callable[[], PipelineControl]) -> APIRouter:
             }
             with audited(principal, "restore", dag_id, None, asked) as entry:
                 check = control.plan_restore(
-                    dag_id, body.savepoint_path, dag_graph, allow_drop_stages=body.allow_drop_stages
+                    dag_id,
+                    body.savepoint_path,
+                    dag_graph,
+                    allow_drop_stages=body.allow_drop_stages,
+                    load_splits=dag_splits,
                 )
                 run_id = trigger_restore_run(
                     dag_id, body.savepoint_path, principal, allow_drop_stages=body.allow_drop_stages
@@ -439,6 +457,10 @@ def _add_reset_route(router: APIRouter, get_control: Callable[[], PipelineContro
             )
             entry.result = {"reset_stages": summary.reset_stages}
         return summary
+
+
+def _listed(splits: tuple[str, ...] | None) -> list[str] | None:
+    return None if splits is None else list(splits)
 
 
 def stop_result(summary: StopSummary) -> dict[str, Any]:

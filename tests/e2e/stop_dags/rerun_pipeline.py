@@ -4,7 +4,10 @@
 ``numbers`` (splits n1..n4, one row and one output part each) -> ``scaled`` (n * the factor in
 ``<work>/rerun/factor``: the "logic" a test changes between runs; no downstream, so its output
 parts are its result) and ``numbers`` -> ``published`` (a Parquet sink declaring no slice).
-``scaled`` can be held after its first batch (``<work>/rerun/hold``) so the test kills it there.
+``scaled`` can be held after its first batch (``<work>/rerun/hold``) so the test kills it there;
+``published`` marks each commit with the Asset ``finalckpt_e2e_rerun_published`` and fails every
+batch after its first while ``<work>/rerun/fail-published`` exists (its
+tries fail for good, then a clear resumes it).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Asset
 
 from airflow_finalckpt.decorators import finalckpt_stage
 from airflow_finalckpt.sinks import ParquetTableSink
@@ -44,6 +47,17 @@ def _hold(_ctx: Any) -> None:
         time.sleep(0.2)
 
 
+def _fail_after_first_batch() -> None:
+    """While ``fail-published`` exists, every batch of ``published`` after its first fails."""
+    if not (WORK / "fail-published").exists():
+        return
+    first = WORK / "published-first-batch"
+    if not first.exists():
+        first.write_text("1")
+        return
+    raise RuntimeError("published fails on purpose while fail-published exists")
+
+
 with DAG(
     RERUN_DAG,
     schedule=None,
@@ -67,8 +81,10 @@ with DAG(
     @finalckpt_stage(
         batch_size=2,
         sinks=[ParquetTableSink("out", str(WORK / "published"))],
+        outlets=[Asset("finalckpt_e2e_rerun_published")],
     )
     def published(ctx: Any) -> Any:
+        _fail_after_first_batch()
         return ctx.read_parts()
 
     source = numbers()
