@@ -21,9 +21,10 @@ from lakehouse_helpers import KINDS, commit_count, read_ids
 from airflow_finalckpt.core.model import SinkTransaction
 from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink
 from airflow_finalckpt.sinks.staged import StagedTableSink
+from tests.extras import import_extra
 
-pytest.importorskip("pyiceberg")
-pytest.importorskip("deltalake")
+import_extra("pyiceberg", "lakehouse")
+import_extra("deltalake", "lakehouse")
 
 ROWS = 5
 

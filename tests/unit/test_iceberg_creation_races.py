@@ -10,15 +10,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("pyiceberg")
-
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
-
 from airflow_finalckpt.sinks import IcebergTableSink
-from airflow_finalckpt.sinks.iceberg_tables import (
-    CREATE_ATTEMPTS,
-    after_creation_races,
-)
+from airflow_finalckpt.sinks.iceberg_tables import CREATE_ATTEMPTS, after_creation_races
+from tests.extras import import_extra
+
+iceberg_errors = import_extra("pyiceberg.exceptions", "lakehouse")
+TableAlreadyExistsError = iceberg_errors.TableAlreadyExistsError
+NoSuchTableError = iceberg_errors.NoSuchTableError
 
 
 def flaky(failures: list[BaseException]) -> tuple[list[int], object]:
