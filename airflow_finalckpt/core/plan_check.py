@@ -168,9 +168,9 @@ def check_plan(
     ``uses_keyed_state``: the transform read or wrote keyed state in this batch;
     ``driver_actions``: the DataFrame actions it ran over this batch's input while called.
     """
-    walk = _Walk(frozenset(k.lower() for k in split_keys), keyed_state=uses_keyed_state)
     if driver_actions and not uses_keyed_state:
         return driver_action_check(driver_actions)
+    walk = _Walk(frozenset(k.lower() for k in split_keys), keyed_state=uses_keyed_state)
     try:
         batch = _flow(root, walk)
         if walk.keyed_state:
@@ -288,23 +288,24 @@ def _join(node: PlanNode, flows: list[bool]) -> bool:
 
 
 def refuse_fixed_batches(stage_id: str, batch_size: int, check: PlanCheck) -> str:
-    """The one-line refusal of ``batch_size=N`` on a stage whose plan needs the whole input."""
+    """The one-line refusal of ``batch_size=N`` on a stage whose plan needs the whole input,
+    with the ways out that fit its cause.
+    """
     if check.rule == DRIVER_ACTION_RULE:
-        return (
-            f"stage {stage_id!r}: batch_size={batch_size} is refused: {check.operator} "
-            f"{check.reason}, so its result over {batch_size}-split batches would differ from "
-            "the plain job over the whole input. Ways out: compute it in Spark on the frame "
-            "the transform returns (a groupBy the plan check can see), batch_size='auto' (the "
-            "stage then runs as one batch per attempt), or an incremental aggregation "
-            "(airflow_finalckpt.spark.aggregate)"
+        way_out = (
+            "compute it in Spark on the frame the transform returns (a groupBy the check sees)"
+        )
+    else:
+        way_out = (
+            "split_keys=(...) naming the columns the splits partition the data by (if the "
+            "operator groups by them)"
         )
     return (
         f"stage {stage_id!r}: batch_size={batch_size} is refused: {check.operator} "
-        f"{check.reason}, so its result over {batch_size}-split batches would differ from the "
-        "plain job over the whole input. Ways out: split_keys=(...) naming the columns the "
-        "splits partition the data by (if the operator groups by them), batch_size='auto' "
-        "(the stage then runs as one batch per attempt), or an incremental aggregation "
-        "(airflow_finalckpt.spark.aggregate)"
+        f"{check.reason}, so its result over {batch_size}-split batches "
+        "would differ from the plain job over the whole input. "
+        f"Ways out: {way_out}, batch_size='auto' (the stage then runs as one batch per "
+        "attempt), or an incremental aggregation (airflow_finalckpt.spark.aggregate)"
     )
 
 

@@ -29,7 +29,6 @@ from airflow_finalckpt.core.plan_check import (
 from airflow_finalckpt.runtime.values import Batch
 from airflow_finalckpt.sinks import ParquetTableSink, SqlTableSink
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
-from airflow_finalckpt.spark import driver_actions
 from airflow_finalckpt.spark.stage import BatchContext, SparkStageLogic, spark_path
 from airflow_finalckpt.storage import CheckpointStorage
 from airflow_finalckpt.storage.hints import StorageThroughputHints
@@ -231,22 +230,3 @@ def test_actions_off_the_batch_are_not_counted(logic: SparkStageLogic, spark: Sp
     assert logic.driver_actions == []
     spark.range(3).count()  # no transform is being called: nothing to report
     assert logic.driver_actions == []
-
-
-def test_uninstall_restores_pysparks_own_methods(spark: SparkSession) -> None:
-    cls = driver_actions.frame_class(spark)
-    assert cls is not None
-    driver_actions.install(spark)
-    wrapped = cls.__dict__["collect"]
-    driver_actions.uninstall(spark)
-    try:
-        assert cls.__dict__["collect"] is wrapped.__wrapped__
-        seen: list[str] = []
-        with driver_actions.watching(lambda _frame, name: seen.append(name)):
-            spark.range(3).collect()
-        assert seen == []  # the bug a blind check would have
-    finally:
-        driver_actions.install(spark)
-    with driver_actions.watching(lambda _frame, name: seen.append(name)):
-        spark.range(3).head()
-    assert seen == ["head"]
