@@ -20,8 +20,9 @@ frame a job ran for is not visible from Python without parsing plans from the UI
 cannot tell an action on the batch from a read of its input, frames can.
 
 Not seen: jobs started without a DataFrame method (``spark.sparkContext`` RDDs built by hand),
-``foreach``/``foreachPartition`` (nothing comes back but accumulators), and a batch written
-somewhere by the transform and read back (docs/protocol.md lists these).
+``foreach``/``foreachPartition`` (nothing comes back but accumulators), actions on threads the
+transform starts (the watch is per thread), and a batch written somewhere by the transform and
+read back (docs/protocol.md lists these).
 """
 
 from __future__ import annotations

@@ -305,9 +305,9 @@ class SparkStageLogic:
         return frame
 
     def check_plan(self, batch: Batch) -> PlanCheck | None:
-        """Call the transform for ``batch`` (it builds a DataFrame; no Spark job runs) and
-        classify the plan of the frame it returns; ``process`` of the same batch reuses the
-        frame. None: the transform returned no frame.
+        """Call the transform for ``batch`` (it builds a DataFrame; the Spark actions it runs
+        on the batch are noted) and classify the plan of the frame it returns; ``process`` of
+        the same batch reuses the frame. None: the transform returned no frame.
         """
         ctx = self._context(batch)
         frame = self._call(ctx, self.transform, batch.key)
