@@ -9,7 +9,14 @@ batch inputs, grouped pandas UDFs) give a different answer per batch, unless the
 partition the data by their keys (``split_keys``), like Spark's checker refuses what a
 streaming query cannot do incrementally.
 
-The rule is here as a pure function over an immutable tree of plain values; the Spark adapters
+A transform can also hide a combination from the plan: it runs a Spark action on its batch
+while it is called (``collect()`` or ``toPandas()`` of the batch, then ``createDataFrame`` of
+what the driver computed; a ``count()`` used in a later filter). The returned frame is then a
+local relation built from one batch, so its plan says nothing; ``spark.driver_actions`` reports
+such actions and the rule ``driver-action-on-batch`` treats them like an operator that needs the
+whole input.
+
+The rules are here as pure functions over an immutable tree of plain values; the Spark adapters
 (``spark.plans``) translate classic and Spark Connect plans into it.
 """
 
@@ -97,13 +104,20 @@ class PlanNode:
     subqueries: tuple[PlanNode, ...] = ()
 
 
+#: The rule that sees Spark actions a transform ran on its batch on the driver.
+DRIVER_ACTION_RULE = "driver-action-on-batch"
+
+
 @dataclass(frozen=True)
 class PlanCheck:
-    """The verdict on a transform's plan, with the operator that caused it and why."""
+    """The verdict on a transform's plan, with the operator that caused it and why; ``rule``:
+    the named rule behind a verdict that does not come from the plan's operators.
+    """
 
     verdict: Verdict
     operator: str = ""
     reason: str = ""
+    rule: str = ""
 
     @property
     def whole_input(self) -> bool:
@@ -144,11 +158,18 @@ class _Walk:
 
 
 def check_plan(
-    root: PlanNode, split_keys: Sequence[str] = (), *, uses_keyed_state: bool = False
+    root: PlanNode,
+    split_keys: Sequence[str] = (),
+    *,
+    uses_keyed_state: bool = False,
+    driver_actions: Sequence[str] = (),
 ) -> PlanCheck:
     """The verdict on the plan of the frame a transform returned for one batch;
-    ``uses_keyed_state``: the transform read or wrote keyed state in this batch.
+    ``uses_keyed_state``: the transform read or wrote keyed state in this batch;
+    ``driver_actions``: the DataFrame actions it ran over this batch's input while called.
     """
+    if driver_actions and not uses_keyed_state:
+        return driver_action_check(driver_actions)
     walk = _Walk(frozenset(k.lower() for k in split_keys), keyed_state=uses_keyed_state)
     try:
         batch = _flow(root, walk)
@@ -169,6 +190,32 @@ def check_plan(
         keys = ", ".join(sorted(walk.split_keys))
         return PlanCheck(Verdict.SPLIT_KEYED, keyed.name, f"groups by the split keys ({keys})")
     return PlanCheck(Verdict.SPLIT_LOCAL)
+
+
+def driver_action_check(actions: Sequence[str]) -> PlanCheck:
+    """The verdict on a transform that ran Spark ``actions`` over its batch's input on the
+    driver: whatever it built from their results (a local relation, a filter on a count) is
+    a per-batch answer the returned frame's plan cannot show, so it needs the whole input.
+    Split keys do not help: what the driver did with the rows is not a grouping to check.
+    """
+    names = ", ".join(f"{name}()" for name in dict.fromkeys(actions))
+    return PlanCheck(
+        Verdict.WHOLE_INPUT,
+        names,
+        "ran over this batch's input on the driver while the transform was called (rule "
+        f"{DRIVER_ACTION_RULE}): what the transform built from it is a per-batch result",
+        rule=DRIVER_ACTION_RULE,
+    )
+
+
+def reads_batch(node: PlanNode) -> bool:
+    """Whether any leaf of the plan (subqueries included) reads input that changes with the
+    batch (the frame an action runs on: an action over constant inputs or keyed state only
+    gives the same answer for any batching).
+    """
+    if node.op is Op.LEAF:
+        return node.input is Input.BATCH
+    return any(reads_batch(child) for child in (*node.children, *node.subqueries))
 
 
 def _flow(node: PlanNode, walk: _Walk) -> bool:
@@ -241,14 +288,24 @@ def _join(node: PlanNode, flows: list[bool]) -> bool:
 
 
 def refuse_fixed_batches(stage_id: str, batch_size: int, check: PlanCheck) -> str:
-    """The one-line refusal of ``batch_size=N`` on a stage whose plan needs the whole input."""
+    """The one-line refusal of ``batch_size=N`` on a stage whose plan needs the whole input,
+    with the ways out that fit its cause.
+    """
+    if check.rule == DRIVER_ACTION_RULE:
+        way_out = (
+            "compute it in Spark on the frame the transform returns (a groupBy the check sees)"
+        )
+    else:
+        way_out = (
+            "split_keys=(...) naming the columns the splits partition the data by (if the "
+            "operator groups by them)"
+        )
     return (
         f"stage {stage_id!r}: batch_size={batch_size} is refused: {check.operator} "
-        f"{check.reason}, so its result over {batch_size}-split batches would differ from the "
-        "plain job over the whole input. Ways out: split_keys=(...) naming the columns the "
-        "splits partition the data by (if the operator groups by them), batch_size='auto' "
-        "(the stage then runs as one batch per attempt), or an incremental aggregation "
-        "(airflow_finalckpt.spark.aggregate)"
+        f"{check.reason}, so its result over {batch_size}-split batches "
+        "would differ from the plain job over the whole input. "
+        f"Ways out: {way_out}, batch_size='auto' (the stage then runs as one batch per "
+        "attempt), or an incremental aggregation (airflow_finalckpt.spark.aggregate)"
     )
 
 

@@ -1,7 +1,8 @@
 """The plan check's gate in front of every batch of an attempt (``core.plan_check``).
 
 A transform whose plan is not split-local (an aggregate, window, dedup, global sort, limit or a
-join of two batch inputs, not keyed by the split keys) runs all of the attempt's pending splits
+join of two batch inputs, not keyed by the split keys), or that ran a Spark action on its batch
+on the driver (rule ``driver-action-on-batch``), runs all of the attempt's pending splits
 as one batch, the plain job's semantics: finished stages are still skipped, sinks still commit
 exactly once, a crash redoes the stage's unfinished splits. A fixed ``batch_size`` on such a
 stage is refused with the reason and the ways out.

@@ -27,12 +27,13 @@ from airflow_finalckpt.core.errors import (
 )
 from airflow_finalckpt.core.model import OUTPUT_PREFIX, StateHandle
 from airflow_finalckpt.core.partitions import check_partition_keys
-from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan
+from airflow_finalckpt.core.plan_check import Input, PlanCheck, Verdict, check_plan, reads_batch
 from airflow_finalckpt.core.run_context import RunContext
 from airflow_finalckpt.core.split_bytes import SplitBytes, declared_bytes
 from airflow_finalckpt.pyspark_compat import local_copy
 from airflow_finalckpt.runtime.runner import Batch, BatchOutput
 from airflow_finalckpt.sinks.base import TwoPhaseCommitSink
+from airflow_finalckpt.spark import driver_actions
 from airflow_finalckpt.spark.plans import InputTags, plan_tree
 from airflow_finalckpt.spark.py4j_nodelay import disable_nagle
 from airflow_finalckpt.spark.split_keys import (
@@ -176,8 +177,9 @@ class BatchContext:
         existing = self.logic.read_state(key)
         if existing is not None:
             return self.logic.tagged(existing, Input.CONSTANT)
-        self.logic.pending_state[key] = factory()
-        self.logic.persist_state()
+        with driver_actions.unwatched():
+            self.logic.pending_state[key] = factory()
+            self.logic.persist_state()
         restored = self.logic.read_state(key)
         assert restored is not None
         return self.logic.tagged(restored, Input.CONSTANT)
@@ -190,7 +192,8 @@ class BatchContext:
         assert self.logic is not None
         memo = self.logic.attempt_memo
         if name not in memo:
-            memo[name] = factory()
+            with driver_actions.unwatched():
+                memo[name] = factory()
         return self.logic.tagged(cast(T, memo[name]), Input.CONSTANT)
 
     def broadcast_table(self, name: str, factory: Callable[[], DataFrame]) -> DataFrame:
@@ -205,12 +208,14 @@ class BatchContext:
         key = BROADCAST_PREFIX + name
         held = memo.get(key)
         if held is None:
-            built = factory()
+            with driver_actions.unwatched():
+                built = factory()
             memo[key] = (False, built)
             return self.logic.tagged(built, Input.CONSTANT)
         local, frame = cast(tuple[bool, DataFrame], held)
         if not local:
-            frame = local_copy(self.spark, frame)
+            with driver_actions.unwatched():
+                frame = local_copy(self.spark, frame)
             memo[key] = (True, frame)
         return self.logic.tagged(frame, Input.CONSTANT)
 
@@ -283,6 +288,9 @@ class SparkStageLogic:
         self.split_keys = tuple(split_keys)
         self.tags = InputTags()
         self.keyed_state_used = False
+        #: The DataFrame actions the transform ran over this batch's input while called
+        #: (``driver_actions``): a per-batch result the returned frame's plan cannot show.
+        self.driver_actions: list[str] = []
         self.plan_check: PlanCheck | None = None
         self.check_ms: list[float] = []
         self._prepared: tuple[Batch, BatchContext, DataFrame | None] | None = None
@@ -322,9 +330,9 @@ class SparkStageLogic:
         return frame
 
     def check_plan(self, batch: Batch) -> PlanCheck | None:
-        """Call the transform for ``batch`` (it builds a DataFrame; no Spark job runs) and
-        classify the plan of the frame it returns; ``process`` of the same batch reuses the
-        frame. None: the transform returned no frame.
+        """Call the transform for ``batch`` (it builds a DataFrame; the Spark actions it runs
+        on the batch are noted) and classify the plan of the frame it returns; ``process`` of
+        the same batch reuses the frame. None: the transform returned no frame.
         """
         ctx = self._context(batch)
         frame = self._call(ctx, self.transform, batch.key)
@@ -334,7 +342,10 @@ class SparkStageLogic:
             return None
         started = time.perf_counter()
         self.plan_check = check_plan(
-            plan_tree(frame, self.tags), self.split_keys, uses_keyed_state=self.keyed_state_used
+            plan_tree(frame, self.tags),
+            self.split_keys,
+            uses_keyed_state=self.keyed_state_used,
+            driver_actions=self.driver_actions,
         )
         self.check_ms.append((time.perf_counter() - started) * 1000.0)
         return self.plan_check
@@ -389,8 +400,11 @@ class SparkStageLogic:
         self.batch_partitions = set()
         self.tags.end_batch()
         self.keyed_state_used = False
+        self.driver_actions = []
+        driver_actions.install(self.spark)
         try:
-            return fn(ctx)
+            with driver_actions.watching(self._saw_action):
+                return fn(ctx)
         except FinalCheckpointError:
             raise
         except Exception as exc:
@@ -398,6 +412,20 @@ class SparkStageLogic:
                 f"stage {self.stage_id!r}: transform failed on batch {key} "
                 f"({len(ctx.splits)} splits): {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _saw_action(self, frame: Any, name: str) -> None:
+        """A DataFrame action the transform runs: kept when its frame reads this batch's input
+        (a frame whose plan cannot be read counts as one: the conservative side). Not looked
+        at once the transform used keyed state (trusted: docs/aggregation.md).
+        """
+        if self.keyed_state_used or name in self.driver_actions:
+            return
+        try:
+            on_batch = reads_batch(plan_tree(frame, self.tags))
+        except Exception:
+            on_batch = True
+        if on_batch:
+            self.driver_actions.append(name)
 
     def _write(
         self, ctx: BatchContext, frame: DataFrame | None, key: str, txn_ids: Mapping[str, str]

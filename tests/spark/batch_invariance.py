@@ -33,7 +33,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from airflow_finalckpt.coordination import Coordinator
-from airflow_finalckpt.core.batching import BatchSample, Throughput
+from airflow_finalckpt.core.batching import DEFAULT_TARGET_BATCH_S, BatchSample, Throughput
 from airflow_finalckpt.core.graph import StageGraph
 from airflow_finalckpt.core.plan_check import BatchingRefusedError
 from airflow_finalckpt.runtime.assembly import StageCode, StageJob, assemble_runner
@@ -55,6 +55,8 @@ BATCHINGS = ("1", "2", "all", "auto-cold", "auto-warm")
 #: ``first``: after the first batch is recorded; ``last``: inside the last batch, its Spark
 #: work done (parts, state and staged sink files written) but not recorded.
 CRASHES = ("first", "last")
+#: ``auto-cold``'s target batch duration: under one split's bytes at the cold 1 MB/s.
+COLD_TARGET_S = 1e-4
 #: A stored throughput hint that puts every split of a cell in one batch (``auto-warm``).
 WARM_HINT = Throughput(0.0, 1e-9, by_bytes=True, samples=(BatchSample(1, 1e12, 1.0),))
 
@@ -247,6 +249,10 @@ def _spec(key: str, splits: tuple[str, ...], batching: str, shape: Shape) -> Sta
         commit_mode=CommitMode.FINAL,
         checkpoint_interval_s=3600.0,
         split_keys=shape.split_keys,
+        # auto-cold: a target so short that the cold first batch (and every measured one
+        # after it) takes one split, as a stage whose input is larger than one batch does;
+        # the cells' few-KB parts would otherwise fit one default 30 s batch
+        target_batch_s=COLD_TARGET_S if batching == "auto-cold" else DEFAULT_TARGET_BATCH_S,
     )
 
 

@@ -11,7 +11,8 @@ import pandas as pd
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
-from airflow_finalckpt.core.plan_check import Input, check_plan
+from airflow_finalckpt.core.plan_check import Input, check_plan, reads_batch
+from airflow_finalckpt.spark import driver_actions
 from airflow_finalckpt.spark.plans import InputTags, plan_tree
 
 
@@ -46,6 +47,20 @@ def main() -> None:
     for name, frame in shapes.items():
         check = check_plan(plan_tree(frame, tags), ("event_date",))
         verdicts[name] = [check.verdict.value, check.operator]
+    # the rule driver-action-on-batch on the Connect client's frames: each action reported
+    # once, with whether its frame reads the batch
+    seen: list[list[object]] = []
+    driver_actions.install(spark)
+    with driver_actions.watching(
+        lambda frame, name: seen.append([name, reads_batch(plan_tree(frame, tags))])
+    ):
+        batch.collect()
+        batch.toPandas()
+        dim.count()
+        batch.groupBy("key").count().head(1)
+        batch.where(F.col("value") < batch.count())
+    batch.collect()  # no watch: not reported
+    verdicts["driver actions"] = seen  # type: ignore[assignment]
     spark.stop()
     json.dump(verdicts, sys.stdout)
 

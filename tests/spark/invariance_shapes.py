@@ -245,6 +245,33 @@ def _window_fn(events: DataFrame) -> DataFrame:
     )
 
 
+def _driver_collect(ctx: BatchContext, events: DataFrame) -> DataFrame:
+    """Rows and summed amounts per key computed on the driver from the collected rows."""
+    totals: dict[str | None, list[int]] = {}
+    for row in events.select("key", "amount").collect():
+        entry = totals.setdefault(row.key, [0, 0])
+        entry[0] += 1
+        entry[1] += row.amount or 0
+    rows = [(key, n, total) for key, (n, total) in totals.items()]
+    return ctx.spark.createDataFrame(rows, "key string, n long, total long")
+
+
+def _driver_pandas(ctx: BatchContext, events: DataFrame) -> DataFrame:
+    """The same through pandas: toPandas(), a pandas groupby, createDataFrame."""
+    frame = events.select("key", "amount", "price").toPandas().fillna({"key": "(none)"})
+    grouped = frame.groupby("key", as_index=False).agg(
+        n=("amount", "size"), total=("amount", "sum"), top_price=("price", "max")
+    )
+    grouped["total"] = grouped["total"].astype("int64")
+    return ctx.spark.createDataFrame(grouped, "key string, n long, total long, top_price double")
+
+
+def _count_filter(events: DataFrame) -> DataFrame:
+    """A count of the batch used in a later filter (ids below a tenth of the row count)."""
+    n = events.count()
+    return events.where(F.col("id") < F.lit(n) / 10).select("ts", "key", "id")
+
+
 def _split_key_window(events: DataFrame) -> DataFrame:
     by_day_key = Window.partitionBy("event_date", "key").orderBy("ts")
     return events.select("event_date", "key", "ts", F.row_number().over(by_day_key).alias("rank"))
@@ -348,6 +375,11 @@ SHAPES: tuple[Shape, ...] = (
         batchable=False,
         split_keys=("event_date",),
     ),
+    # actions on the batch run on the driver while the transform is called: the returned plan
+    # is a local relation or a literal filter (rule driver-action-on-batch)
+    Shape("driver_collect", _per_batch(_driver_collect), batchable=False),
+    Shape("driver_to_pandas", _per_batch(_driver_pandas), batchable=False),
+    Shape("driver_count_filter", _per_batch(lambda _c, e: _count_filter(e)), batchable=False),
     Shape("example_enrich", _example_enrich, primary="ingest"),
     Shape("example_delay_windows", _example_windows, primary="enrich"),
     Shape(

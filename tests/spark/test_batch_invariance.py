@@ -23,7 +23,7 @@ from invariance_shapes import SHAPES, Shape
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from airflow_finalckpt.spark.stage import BatchContext, Transform
+from airflow_finalckpt.spark.stage import BatchContext, SparkStageLogic, Transform
 
 SEED = int(os.environ.get("FINALCKPT_INVARIANCE_SEED", "24"))
 CELLS = sample_cells(SEED)
@@ -50,8 +50,8 @@ def test_committed_output_equals_the_plain_job_or_is_refused(env: Env, cell: Cel
 
 
 def _driver_side_counts(_inputs: object) -> tuple[Transform, None]:
-    """A per-key count computed on the driver: its plan is a local relation, so no plan check
-    can see that it depends on the batch."""
+    """A per-key count computed on the driver: its plan is a local relation, so only the
+    driver-action rule can see that it depends on the batch."""
 
     def transform(ctx: BatchContext) -> DataFrame:
         rows = ctx.read_parts().groupBy("key").agg(F.count(F.lit(1)).alias("n")).collect()
@@ -60,11 +60,15 @@ def _driver_side_counts(_inputs: object) -> tuple[Transform, None]:
     return transform, None
 
 
-def test_the_matrix_catches_a_result_that_depends_on_batching(env: Env) -> None:
-    """The harness can fail: per-batch counts committed as the result differ from the plain
-    job's, and the cell says how."""
+def test_the_matrix_catches_a_result_that_depends_on_batching(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness can fail: with the rule driver-action-on-batch planted off (the plan check
+    blind to driver-side actions), per-batch counts committed as the result differ from the
+    plain job's, and the cell says how."""
     hidden = Shape("driver_side_counts", _driver_side_counts)
     SHAPES_BY_NAME[hidden.name] = hidden
+    monkeypatch.setattr(SparkStageLogic, "_saw_action", lambda *_args: None)
     try:
         result = run_cell(env, Cell(hidden.name, "1", "first"))
     finally:

@@ -1,5 +1,6 @@
 """The Spark Connect adapter (``spark.plans``) on a real local Connect server: the client-side
-plans of the shapes of docs/protocol.md's table give the same verdicts as classic plans."""
+plans of the shapes of docs/protocol.md's table give the same verdicts as classic plans, and
+the rule driver-action-on-batch sees the client's actions on the batch."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ def test_connect_plans_are_classified_like_classic_ones() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     verdicts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert verdicts.pop("driver actions") == [
+        ["collect", True],
+        ["toPandas", True],
+        ["count", False],  # a constant input's
+        ["head", True],  # head -> take -> collect: once
+        ["count", True],
+    ]
     assert verdicts == {
         "filter": ["split-local", ""],
         "left join with a constant": ["split-local", ""],

@@ -6,12 +6,15 @@ from __future__ import annotations
 import pytest
 
 from airflow_finalckpt.core.plan_check import (
+    DRIVER_ACTION_RULE,
     Input,
     Op,
     PlanCheck,
     PlanNode,
     Verdict,
     check_plan,
+    driver_action_check,
+    reads_batch,
     refuse_fixed_batches,
     repeated_split_key,
 )
@@ -154,3 +157,50 @@ def test_a_split_key_value_repeated_in_another_batch_is_found() -> None:
     )
     # a redone batch (same key) is not a repeat
     assert repeated_split_key(seen, ['["2024-03-01"]'], "b1") is None
+
+
+# -- driver-side actions (rule driver-action-on-batch) -----------------------------------------
+
+
+def test_a_driver_action_on_the_batch_needs_the_whole_input_whatever_the_plan() -> None:
+    """A local relation built on the driver from collected rows looks split-local."""
+    built_on_driver = local(BATCH)
+    assert check_plan(built_on_driver).verdict is Verdict.SPLIT_LOCAL
+    check = check_plan(built_on_driver, driver_actions=["collect", "count", "collect"])
+    assert check.verdict is Verdict.WHOLE_INPUT and check.whole_input
+    assert check.rule == DRIVER_ACTION_RULE and check.operator == "collect(), count()"
+    assert DRIVER_ACTION_RULE in check.describe()
+    # split keys do not make it batchable: what the driver did is no grouping to check
+    keyed = check_plan(node(Op.AGGREGATE, BATCH, keys=("day",)), ("day",), driver_actions=["count"])
+    assert keyed.verdict is Verdict.WHOLE_INPUT and keyed.rule == DRIVER_ACTION_RULE
+
+
+def test_keyed_state_stays_trusted_with_driver_actions() -> None:
+    """The windows' watermark statistics are a driver action on the batch (docs/aggregation.md)."""
+    check = check_plan(local(BATCH), uses_keyed_state=True, driver_actions=["first"])
+    assert check.verdict is Verdict.KEYED_STATE
+
+
+def test_the_refusal_of_a_driver_action_names_the_rule_and_the_ways_out() -> None:
+    message = refuse_fixed_batches("counts", 1, driver_action_check(["toPandas"]))
+    for part in ("'counts'", "batch_size=1", "toPandas()", DRIVER_ACTION_RULE, "'auto'"):
+        assert part in message
+    assert "split_keys" not in message  # not a way out of this rule
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [
+        (BATCH, True),
+        (CONST, False),
+        (STATE, False),
+        (node(Op.JOIN, CONST, STATE, join="inner"), False),
+        (node(Op.JOIN, CONST, local(BATCH), join="inner"), True),
+        (node(Op.LOCAL, CONST, subqueries=(local(BATCH),)), True),
+    ],
+)
+def test_an_action_is_on_the_batch_when_its_frame_reads_the_batch(
+    root: PlanNode, expected: bool
+) -> None:
+    assert reads_batch(root) is expected
