@@ -91,8 +91,13 @@ run_jobs() {
   done
 }
 echo "==> tests/e2e in a second pytest process (its output follows the rest's; live: $logs/e2e.log)"
+# The topology tier's faults beyond its CI sample (Redis restart, warm shutdown, triggerer kill,
+# stop with savepoint / drain on Celery: ~10 more minutes) run with FINALCKPT_TOPOLOGY_FULL=1.
+e2e_select=(-m "not topology_full")
+[ "${FINALCKPT_TOPOLOGY_FULL:-0}" = 1 ] && e2e_select=()
 ( rc=0
-  AIRFLOW_HOME=$home/e2e "${PYTEST[@]}" -p no:cacheprovider tests/e2e >"$logs/e2e.log" 2>&1 || rc=$?
+  AIRFLOW_HOME=$home/e2e "${PYTEST[@]}" -p no:cacheprovider "${e2e_select[@]}" tests/e2e \
+    >"$logs/e2e.log" 2>&1 || rc=$?
   echo "$rc" >"$logs/e2e.rc"
   run_jobs ) &
 e2e_pid=$!

@@ -110,8 +110,10 @@ def test_batch_size_1_is_refused_naming_the_rule_and_commits_nothing(
     assert _state(dag_run, "count_per_key") == ("failed", 1)  # permanent: no retry
     assert all(frame is None or frame.empty for frame in _committed(tmp_path))
     # dag.test() prints the task's log (its exception) to stdout
-    failure = [line for line in capsys.readouterr().out.splitlines() if "is refused" in line]
-    assert failure and "driver-action-on-batch" in failure[-1] and "collect()" in failure[-1]
+    out = capsys.readouterr().out
+    failure = [line for line in out.splitlines() if "is refused" in line]
+    assert failure, out[-4000:]  # the task's log, to see why it failed if not refused
+    assert "driver-action-on-batch" in failure[-1] and "collect()" in failure[-1], failure[-1]
 
 
 def test_batch_size_auto_commits_the_plain_jobs_ten_rows(

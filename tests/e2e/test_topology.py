@@ -317,6 +317,7 @@ def test_sigkill_of_a_worker_pod_retries_on_the_other_and_resumes(
     r.assert_exactly_once()
 
 
+@pytest.mark.topology_full
 def test_redis_restart_while_a_task_is_queued_loses_no_run(
     topology: TopologyCluster, run_factory: Callable[[str], Run]
 ) -> None:
@@ -395,6 +396,7 @@ def _carrier_deferred_while_windows_holds(r: Run) -> dict[str, dict[str, Any]]:
     return tis
 
 
+@pytest.mark.topology_full
 def test_warm_shutdown_of_the_worker_whose_stage_is_deferred(
     topology: TopologyCluster, run_factory: Callable[[str], Run]
 ) -> None:
@@ -424,6 +426,7 @@ def test_warm_shutdown_of_the_worker_whose_stage_is_deferred(
     r.assert_exactly_once()
 
 
+@pytest.mark.topology_full
 def test_triggerer_sigkill_while_a_stage_waits_for_its_final_checkpoint(
     topology: TopologyCluster, run_factory: Callable[[str], Run]
 ) -> None:
@@ -485,6 +488,7 @@ def _both_branches_inside_their_second_batch(r: Run) -> dict[str, dict[str, Any]
     return tis
 
 
+@pytest.mark.topology_full
 def test_stop_with_savepoint_then_resume_on_the_other_worker(
     topology: TopologyCluster, run_factory: Callable[[str], Run]
 ) -> None:
@@ -537,6 +541,7 @@ def test_stop_with_savepoint_then_resume_on_the_other_worker(
     r.assert_exactly_once()
 
 
+@pytest.mark.topology_full
 def test_stop_with_drain_while_both_branches_run(
     topology: TopologyCluster, run_factory: Callable[[str], Run]
 ) -> None:
