@@ -101,19 +101,30 @@ def test_batch_size_1_is_refused_naming_the_rule_and_commits_nothing(
     local_store: Path,
     write_dag: Callable[..., Any],
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from airflow_finalckpt.runtime import plan_gate
+
+    # the refusal the task raised, read where it is built: dag.test() prints the task's log to
+    # stdout or, once an earlier test in the process configured Airflow's logging, to a stream
+    # no capture fixture of this test sees
+    refusals: list[str] = []
+    real_refusal = plan_gate.refuse_fixed_batches
+
+    def recorded(*args: Any) -> str:
+        refusals.append(real_refusal(*args))
+        return refusals[-1]
+
+    monkeypatch.setattr(plan_gate, "refuse_fixed_batches", recorded)
     dag = _dag(write_dag, tmp_path, 1)
     dag_run = dag.test()
     assert str(dag_run.state).endswith("failed")
     assert _state(dag_run, "read_day") == ("success", 1)
     assert _state(dag_run, "count_per_key") == ("failed", 1)  # permanent: no retry
     assert all(frame is None or frame.empty for frame in _committed(tmp_path))
-    # dag.test() prints the task's log (its exception) to stdout
-    out = capsys.readouterr().out
-    failure = [line for line in out.splitlines() if "is refused" in line]
-    assert failure, out[-4000:]  # the task's log, to see why it failed if not refused
-    assert "driver-action-on-batch" in failure[-1] and "collect()" in failure[-1], failure[-1]
+    assert len(refusals) == 1, refusals
+    assert "is refused" in refusals[0] and "driver-action-on-batch" in refusals[0], refusals[0]
+    assert "collect()" in refusals[0], refusals[0]
 
 
 def test_batch_size_auto_commits_the_plain_jobs_ten_rows(
