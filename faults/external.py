@@ -538,19 +538,28 @@ def _disk_full_run(env: Environment, index: int, target: str, worker: AttemptRun
         return execute_scenario(env, scenario, worker, setup=setup)
 
 
+def _on_private_store(
+    env: Environment,
+    subdir: str,
+    server: PrivatePostgres,
+    scenario: Scenario,
+    worker: AttemptRunner,
+) -> RunReport:
+    """Run ``scenario`` with ``server`` (a private cluster) as its store and SQL sink."""
+    pg_env = Environment(env.workdir / subdir, store="postgres", pg_admin_url=server.admin_url)
+    pg_env.prepare(spark=False)
+    try:
+        return execute_scenario(pg_env, scenario, worker)
+    finally:
+        pg_env.cleanup()
+
+
 def _store_restart_run(
     env: Environment, index: int, worker: AttemptRunner, bindir: Path
 ) -> RunReport:
-
     with PrivatePostgres(bindir) as server:
-        pg_env = Environment(
-            env.workdir / "store-restart", store="postgres", pg_admin_url=server.admin_url
-        )
-        pg_env.prepare(spark=False)
-        try:
-            return execute_scenario(pg_env, store_restart_scenario(index, server), worker)
-        finally:
-            pg_env.cleanup()
+        scenario = store_restart_scenario(index, server)
+        return _on_private_store(env, "store-restart", server, scenario, worker)
 
 
 Planned = tuple[str, "str | None", Callable[[int], RunReport]]
@@ -611,16 +620,8 @@ def _store_partition_run(
     env: Environment, index: int, case: PartitionCase, worker: AttemptRunner, bindir: Path
 ) -> RunReport:
     with PartitionedPostgres(bindir) as server:
-        pg_env = Environment(
-            env.workdir / f"store-partition-{index}",
-            store="postgres",
-            pg_admin_url=server.admin_url,
-        )
-        pg_env.prepare(spark=False)
-        try:
-            report = execute_scenario(pg_env, store_partition_scenario(index, server, case), worker)
-        finally:
-            pg_env.cleanup()
+        scenario = store_partition_scenario(index, server, case)
+        report = _on_private_store(env, f"store-partition-{index}", server, scenario, worker)
     if server.cuts and server.cuts[-1][1] is not None and report.attempts:
         end = server.cuts[-1][1]
         report.recovery_after_fault_s = round(max(0.0, report.ended_at - end), 2)

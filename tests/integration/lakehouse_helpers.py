@@ -4,6 +4,7 @@ them (snapshots / versions, referenced files, staged files, rows)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink
 from airflow_finalckpt.sinks.staged import STAGING_DIR, StagedTableSink
@@ -11,11 +12,15 @@ from airflow_finalckpt.sinks.staged import STAGING_DIR, StagedTableSink
 KINDS = ["iceberg", "delta"]
 
 
-def make_sink(kind: str, root: Path | str, sink_id: str = "orders") -> StagedTableSink:
-    """The table ``orders`` under ``root``: Iceberg in a SQLite-catalog warehouse, or Delta."""
+def make_sink(
+    kind: str, root: Path | str, sink_id: str = "orders", **options: Any
+) -> StagedTableSink:
+    """The table ``orders`` under ``root``: Iceberg in a SQLite-catalog warehouse, or Delta;
+    ``options`` go to the sink (``replace_slice=...``).
+    """
     if kind == "iceberg":
-        return IcebergTableSink(sink_id, "db.orders", warehouse=f"{root}/warehouse")
-    return DeltaTableSink(sink_id, f"{root}/delta/orders")
+        return IcebergTableSink(sink_id, "db.orders", warehouse=f"{root}/warehouse", **options)
+    return DeltaTableSink(sink_id, f"{root}/delta/orders", **options)
 
 
 def commit_count(sink: StagedTableSink) -> int:

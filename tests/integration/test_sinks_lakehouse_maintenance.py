@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
 from lakehouse_helpers import KINDS, commit_count, read_ids
+from lakehouse_helpers import make_sink as make
 
 from airflow_finalckpt.core.model import SinkTransaction
-from airflow_finalckpt.sinks import DeltaTableSink, IcebergTableSink
 from airflow_finalckpt.sinks.staged import StagedTableSink
 from tests.extras import import_extra
 
@@ -31,13 +30,6 @@ ROWS = 5
 
 class Crash(Exception):
     """Stands for the process dying between the table commit and the committed marker."""
-
-
-def make(kind: str, root: Path, sink_id: str, **kw: Any) -> StagedTableSink:
-    if kind == "iceberg":
-        return IcebergTableSink(sink_id, "db.orders", warehouse=f"{root}/warehouse", **kw)
-    sink = DeltaTableSink(sink_id, f"{root}/delta/orders", **kw)
-    return sink
 
 
 def batch(first: int, region: str = "us") -> pa.Table:
